@@ -1,0 +1,120 @@
+"""The one entry point for every phase: validate tensors in Python, then launch through csrc/.
+
+Every problem a kernel could trip over is refused here with an error that names it, before anything
+reaches the GPU: a bad launch would at best be an opaque error and at worst a sticky CUDA error that
+poisons the whole process.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import build, env
+from .phases import Phase, get
+
+_DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
+_MAX_GRID_YZ = 65535
+
+
+def check_device(q, k, v) -> None:
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cuda":
+            raise ValueError(f"{name} is on {tensor.device}; FlashCore kernels need CUDA tensors "
+                             f"(move it with {name}.cuda())")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+
+
+def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> None:
+    """Everything but the device: dtype, rank, shapes, strides, phase features, arch."""
+    if gpu.cc < phase.min_cc:
+        raise RuntimeError(f"{phase.name} needs compute capability {phase.min_cc / 10:.1f} or newer; "
+                           f"this GPU ({gpu.name}) is {gpu.cc / 10:.1f}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dim() != 4:
+            raise ValueError(f"{name} must have rank 4 (batch, heads, seq_len, head_dim); "
+                             f"got shape {tuple(tensor.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    dtype = str(q.dtype).removeprefix("torch.")
+    if dtype not in phase.dtypes:
+        raise TypeError(f"{phase.name} supports dtypes {', '.join(phase.dtypes)}; got {dtype}")
+    if not phase.supports_dtype_on(dtype, gpu.cc):
+        raise TypeError(f"{dtype} needs compute capability 8.0 or newer; {gpu.name} is {gpu.cc / 10:.1f}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    batch, heads, seqlen_q, head_dim = q.shape
+    if (k.shape[0], k.shape[1], k.shape[3]) != (batch, heads, head_dim):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree: batch, heads and "
+                         f"head_dim must match (only the sequence length may differ)")
+    seqlen_k = k.shape[2]
+    if min(batch, heads, seqlen_q, seqlen_k) < 1:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if head_dim not in phase.head_dims:
+        raise ValueError(f"{phase.name} supports head_dim {' or '.join(map(str, phase.head_dims))}; "
+                         f"got {head_dim}")
+    if causal and not phase.causal:
+        raise ValueError(f"{phase.name} does not support causal=True")
+    if seqlen_q != seqlen_k and not phase.cross_lengths:
+        raise ValueError(f"{phase.name} needs equal query and key lengths; got Sq={seqlen_q}, Sk={seqlen_k}")
+    if batch > _MAX_GRID_YZ or heads > _MAX_GRID_YZ:
+        raise ValueError(f"batch and heads must each be <= {_MAX_GRID_YZ}; got {batch} and {heads}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.stride(3) != 1:
+            raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got strides "
+                             f"{tensor.stride()}; call {name}.contiguous()")
+
+
+def check_shared_memory(phase: Phase, needed: int, gpu: env.GpuInfo) -> None:
+    if needed > gpu.smem_per_block_optin:
+        raise RuntimeError(
+            f"{phase.name} with these tile sizes needs {needed} bytes of shared memory per block; "
+            f"{gpu.name} allows {gpu.smem_per_block_optin} (choose smaller tiles)")
+
+
+def load(name: str, **tile_params):
+    """Compile (or load from cache) a phase for the visible GPU and return its attention function.
+
+        fn = flashcore_nb.load("p01_baseline")
+        o = fn(q, k, v)                      # q, k, v: (B, H, S, D) CUDA tensors
+
+    `tile_params` override the phase's -D defaults (e.g. NUM_THREADS=256)."""
+    phase = get(name)
+    gpu = env.gpu()
+    if gpu is None:
+        raise RuntimeError("flashcore_nb.load needs a CUDA GPU; without one, notebooks replay the "
+                           "recorded results instead")
+    unknown = set(tile_params) - set(phase.tile_params)
+    if unknown:
+        raise ValueError(f"{name} has no tile parameter(s) {sorted(unknown)}; "
+                         f"it has {sorted(phase.tile_params)}")
+    params = {**phase.tile_params, **tile_params}
+    built = build.build_extension(name, gpu.cc, params)
+    module = built.module
+
+    def attention(q, k, v, causal: bool = False, scale: float | None = None, out=None):
+        check_device(q, k, v)
+        validate_problem(phase, q, k, v, causal, env.gpu(q.device.index))
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(3) != 1:
+            raise ValueError("out must match q's shape, dtype and device, with a contiguous last dimension")
+        args = (
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+            [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3]],
+            [q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]],
+            scale, bool(causal), _DTYPE_CODES[q.dtype],
+        )
+        check_shared_memory(phase, module.smem_bytes(*args), env.gpu(q.device.index))
+        with torch.cuda.device(q.device):
+            module.forward(*args, torch.cuda.current_stream(q.device).cuda_stream)
+        return out
+
+    attention.phase = phase
+    attention.tile_params = params
+    attention.build = built
+    return attention

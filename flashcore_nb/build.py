@@ -1,0 +1,249 @@
+"""Compiling a phase.
+
+Two paths share one set of flags:
+- `build_extension` runs the kernel: `load_inline` with the light pybind11 binding in csrc/, one
+  extension per (sources, flags, arch, toolchain) hash in a persistent build directory.
+- `compile_only` runs plain `nvcc -c` for any arch on a machine with no GPU, for ptxas stats.
+
+ptxas `-v` stats come from both. With verbose=True, torch's ninja writes the compiler output to file
+descriptor 1, which Jupyter's Python-level capture never sees, so the build redirects fd 1 into a
+log file and parses it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import env
+from .paths import KERNELS_DIR
+
+BINDING_FILE = Path(__file__).parent / "csrc" / "binding.cpp"
+_INCLUDE_RE = re.compile(r'^\s*#include\s+"(common/[^"]+)"', re.MULTILINE)
+# Common to every compile. -lineinfo keeps source lines in compute-sanitizer reports at no cost.
+NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v")
+
+
+class CompileError(RuntimeError):
+    """nvcc or ptxas rejected a kernel (for example a static_assert on tile sizes)."""
+
+
+# --- sources and hashes -------------------------------------------------------------------------
+
+def kernel_sources(kernel_file: Path) -> dict[str, str]:
+    """The kernel file and every kernels/common header it includes, transitively, by relative path."""
+    sources: dict[str, str] = {}
+    pending = [Path(kernel_file).resolve().relative_to(KERNELS_DIR).as_posix()]
+    while pending:
+        rel = pending.pop()
+        if rel in sources:
+            continue
+        text = (KERNELS_DIR / rel).read_text()
+        sources[rel] = text
+        pending.extend(_INCLUDE_RE.findall(text))
+    return dict(sorted(sources.items()))
+
+
+def define_flags(tile_params: dict) -> list[str]:
+    return [f"-D{key}={value}" for key, value in sorted(tile_params.items())]
+
+
+def kernel_sha256(kernel_file: Path, tile_params: dict) -> str:
+    """Identity of a kernel build: its source, the common headers it uses and its defines.
+
+    A recorded result carries this hash; when the kernel changes, the record is stale."""
+    digest = hashlib.sha256()
+    for rel, text in kernel_sources(kernel_file).items():
+        digest.update(rel.encode() + b"\0" + text.encode() + b"\0")
+    digest.update(" ".join(define_flags(tile_params)).encode())
+    return digest.hexdigest()
+
+
+def gencode(cc: int) -> str:
+    # Naming the arch ourselves is deliberate: torch then adds no arch flags of its own.
+    return f"-gencode=arch=compute_{cc},code=sm_{cc}"
+
+
+# --- ptxas stats --------------------------------------------------------------------------------
+
+@dataclass
+class PtxasStats:
+    registers: int
+    smem_bytes: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    kernels: int        # entry points compiled (template instantiations)
+
+
+_ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
+_FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> PtxasStats:
+    """Worst case over the kernel's entry points: max registers, smem, spills and stack."""
+    entries = _ENTRY_RE.findall(log)
+    frames = [tuple(map(int, m)) for m in _FRAME_RE.findall(log)]
+    used = [(int(r), int(s or 0)) for r, s in _USED_RE.findall(log)]
+    if not entries or not used:
+        raise ValueError("no ptxas -v report in the compiler output")
+    return PtxasStats(
+        registers=max(r for r, _ in used),
+        smem_bytes=max(s for _, s in used),
+        spill_stores=max((f[1] for f in frames), default=0),
+        spill_loads=max((f[2] for f in frames), default=0),
+        stack_bytes=max((f[0] for f in frames), default=0),
+        kernels=len(entries),
+    )
+
+
+def compile_only(kernel_file: Path, cc: int, tile_params: dict) -> PtxasStats:
+    """`nvcc -c` for one arch, no GPU needed; raises CompileError with the compiler's message."""
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc), f"-I{KERNELS_DIR}", *define_flags(tile_params),
+               str(kernel_file), "-o", os.path.join(tmp, "kernel.o")]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise CompileError(f"nvcc failed for sm_{cc}:\n{log}")
+    return parse_ptxas(log)
+
+
+# --- load_inline --------------------------------------------------------------------------------
+
+def build_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flashcore" / "build"
+    return Path(os.environ.get("FLASHCORE_BUILD_DIR", default))
+
+
+def extension_name(phase_name: str, cc: int, tile_params: dict) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    digest.update(kernel_sha256(KERNELS_DIR / f"{phase_name}.cu", tile_params).encode())
+    digest.update(BINDING_FILE.read_bytes())
+    toolchain = (cc, NVCC_FLAGS, torch.__version__, torch.version.cuda, env.nvcc_version())
+    digest.update(repr(toolchain).encode())
+    return f"flashcore_{phase_name}_{digest.hexdigest()[:16]}"
+
+
+@dataclass
+class Built:
+    module: object          # .forward(...) and .smem_bytes(...), see csrc/binding.cpp
+    name: str
+    ptxas: PtxasStats
+    seconds: float          # wall time of this call (compile, or load from cache)
+    cached: bool
+
+
+_loaded: dict[str, Built] = {}
+
+
+def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool = True) -> Built:
+    """Compile (or load from the persistent cache) one phase for one arch and tile configuration."""
+    name = extension_name(phase_name, cc, tile_params)
+    if name in _loaded:
+        return _loaded[name]
+    start = time.perf_counter()
+    directory = build_root() / name
+    library = directory / f"{name}.so"
+    stats_file = directory / "ptxas.json"
+    if library.exists() and stats_file.exists():
+        module = _import_library(name, library)
+        stats = PtxasStats(**json.loads(stats_file.read_text()))
+        built = Built(module, name, stats, time.perf_counter() - start, cached=True)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        module, log = _compile(phase_name, name, directory, cc, tile_params, progress)
+        stats = parse_ptxas(log)
+        stats_file.write_text(json.dumps(asdict(stats)))
+        built = Built(module, name, stats, time.perf_counter() - start, cached=False)
+    _loaded[name] = built
+    return built
+
+
+def _import_library(name: str, library: Path):
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile(phase_name, name, directory, cc, tile_params, progress):
+    from torch.utils.cpp_extension import load_inline
+
+    kernel_file = KERNELS_DIR / f"{phase_name}.cu"
+    log_file = directory / "build.log"
+    label = f"compiling {phase_name} for sm_{cc}"
+    try:
+        with _progress(label, enabled=progress), _capture_fd1(log_file):
+            module = load_inline(
+                name=name,
+                cpp_sources=BINDING_FILE.read_text(),
+                cuda_sources=kernel_file.read_text(),
+                extra_include_paths=[str(KERNELS_DIR)],
+                extra_cflags=["-O2", "-std=c++17"],
+                extra_cuda_cflags=[*NVCC_FLAGS, gencode(cc), *define_flags(tile_params)],
+                build_directory=str(directory),
+                with_cuda=True,
+                no_implicit_headers=True,   # the sources include what they need; torch's headers cost ~10 s
+                verbose=True,               # so the ptxas report reaches fd 1 (and our log)
+            )
+    except Exception as error:
+        log = log_file.read_text() if log_file.exists() else ""
+        raise CompileError(f"{label} failed: {error}\n{log[-6000:]}") from None
+    return module, log_file.read_text()
+
+
+@contextlib.contextmanager
+def _capture_fd1(path: Path):
+    """Send file descriptor 1 (where ninja and nvcc write) to `path` for the duration."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(path, "wb") as sink:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _progress(label: str, enabled: bool):
+    """A one-line elapsed-time ticker on stderr while a compile runs (stdout is redirected)."""
+    if not enabled:
+        yield
+        return
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick():
+        while not done.wait(1.0):
+            print(f"\r{label} ... {time.perf_counter() - start:4.0f} s", end="", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        print(f"\r{label} ... done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

@@ -1,0 +1,101 @@
+"""python -m flashcore_nb {info,build,check,bench,record,stats} [--phase NAME|all] [--shapes a,b]"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from . import binding, build, env, results, shapes
+from .phases import PHASES, get
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
+    parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats"])
+    parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
+    parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
+    parser.add_argument("--arch", type=int, action="append",
+                        help="stats: compute capability to compile for (repeatable; default: the phase's archs)")
+    args = parser.parse_args(argv)
+    names = list(PHASES) if args.phase == "all" else [get(args.phase).name]
+
+    if args.command == "info":
+        print(env.describe())
+        print("phases:", ", ".join(PHASES))
+        return 0
+    if args.command == "stats":
+        rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params))}
+                for n in names for cc in (args.arch or get(n).archs)]
+        print(pd.DataFrame(rows).to_string(index=False))
+        return 0
+
+    if env.gpu() is None:
+        print(f"'{args.command}' needs a CUDA GPU", file=sys.stderr)
+        return 2
+    failed = False
+    for name in names:
+        fn = binding.load(name)
+        print(f"{name}: {fn.build.name} ({'cache' if fn.build.cached else 'compiled'}, "
+              f"{fn.build.seconds:.1f} s)", flush=True)
+        if args.command == "build":
+            continue
+        correctness = shapes.select(args.shapes, "correctness")
+        timing = shapes.select(args.shapes, "timing")
+        if args.command == "check":
+            rows = [row for case in correctness for row in _check_rows(fn, case)]
+        elif args.command == "bench":
+            rows = [_bench_row(fn, case) for case in timing]
+        else:
+            rows = _record(fn, correctness, timing)
+        failed |= any(not row.get("passed", True) for row in rows)
+        print(pd.DataFrame([_flat(row) for row in rows]).to_string(index=False), flush=True)
+    return 1 if failed else 0
+
+
+def _dtypes(fn):
+    import torch
+    return [torch.float16] + ([torch.bfloat16] if fn.phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
+
+
+def _check_rows(fn, case):
+    from .check import check
+    return [check(fn, case, dtype).as_dict() for dtype in _dtypes(fn)]
+
+
+def _bench_row(fn, case):
+    from .bench import bench_case
+    return {"case": case.name, **bench_case(fn, case)}
+
+
+def _record(fn, correctness, timing):
+    import torch
+
+    from .bench import bench_case, matmul_tflops
+    from .check import check
+    peak = matmul_tflops()
+    timed = {case.name for case in timing}
+    runs = []
+    for case in correctness + [c for c in timing if c.name not in {x.name for x in correctness}]:
+        for dtype in _dtypes(fn):
+            run = check(fn, case, dtype).as_dict()
+            speed = bench_case(fn, case, dtype) if case.name in timed and dtype == torch.float16 else {}
+            run.update(gpu_us=speed.get("gpu_us"), gpu_us_min=speed.get("gpu_us_min"),
+                       call_us=speed.get("call_us"), tflops=speed.get("tflops"),
+                       baselines=speed.get("baselines"))
+            runs.append(run)
+    record = results.make_record(fn.phase.name, fn.tile_params, fn.build.ptxas, peak, runs)
+    print("wrote", results.write(record), f"(matmul peak {peak:.0f} TFLOP/s)", flush=True)
+    return runs
+
+
+def _flat(row: dict) -> dict:
+    """Baselines as one column each (GPU time), for printing."""
+    flat = {k: v for k, v in row.items() if k not in ("baselines", "shape")}
+    for name, timing in (row.get("baselines") or {}).items():
+        flat[name] = timing["gpu_us"] if timing else None
+    return flat
+
+
+if __name__ == "__main__":
+    sys.exit(main())

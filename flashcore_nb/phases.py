@@ -1,0 +1,49 @@
+"""The ordered registry of phases: which kernel file, what it supports, its default tile sizes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .paths import KERNELS_DIR
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str                         # pNN_<slug>: the kernel file's stem and the results file's
+    title: str
+    notebook: str                     # chapter notebook stem in notebooks/
+    archs: tuple[int, ...]            # compute capabilities CI compiles for (ptxas stats per arch)
+    min_cc: int                       # oldest GPU the kernel runs on
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    head_dims: tuple[int, ...] = (64, 128)
+    causal: bool = True               # supports causal masking
+    cross_lengths: bool = True        # supports Sq != Sk
+    tile_params: dict = field(default_factory=dict)  # -D defines, overridable at load()
+
+    @property
+    def kernel_file(self):
+        return KERNELS_DIR / f"{self.name}.cu"
+
+    def supports_dtype_on(self, dtype: str, cc: int) -> bool:
+        # bf16 arithmetic needs sm_80 (T4 has none)
+        return dtype in self.dtypes and (dtype != "bfloat16" or cc >= 80)
+
+
+_REGISTRY = [
+    Phase(
+        name="p01_baseline",
+        title="Phase 1: the scalar baseline",
+        notebook="01_baseline",
+        archs=(75, 80, 89, 90),
+        min_cc=75,
+        tile_params={"NUM_THREADS": 128},
+    ),
+]
+
+PHASES: dict[str, Phase] = {phase.name: phase for phase in _REGISTRY}
+
+
+def get(name: str) -> Phase:
+    try:
+        return PHASES[name]
+    except KeyError:
+        raise KeyError(f"unknown phase {name!r}; known phases: {', '.join(PHASES)}") from None

@@ -1,0 +1,115 @@
+"""Recorded measurements: results/<gpu-slug>/<phase>.json, written only by the CLI on a real GPU.
+
+A record names the kernel it measured by `kernel_sha256` (source + common headers + defines). When
+the kernel changes, the record is stale: pages flag it and the test suite fails until it is
+re-recorded."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import build, env
+from .paths import RESULTS_DIR, ROOT
+from .phases import get
+
+SCHEMA_VERSION = 1
+DEFAULT_GPU = "nvidia-h100-80gb-hbm3"    # what the static book shows
+REQUIRED_KEYS = {"schema", "phase", "kernel_sha256", "tile_params", "commit", "recorded_at", "env",
+                 "ptxas", "matmul_tflops", "runs"}
+REQUIRED_ENV = {"gpu", "cc", "driver", "torch", "cuda", "nvcc"}
+REQUIRED_PTXAS = {"registers", "smem_bytes", "spill_stores", "spill_loads"}
+REQUIRED_RUN = {"case", "shape", "causal", "dtype", "max_abs_err", "sdpa_max_abs_err", "unwritten",
+                "passed", "gpu_us", "call_us", "tflops", "baselines"}
+
+
+def path_for(phase_name: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
+    return root / gpu_slug / f"{phase_name}.json"
+
+
+def current_commit() -> str:
+    """The commit the measured sources belong to. The device machine gets a copy of the tree with no
+    .git, so the caller passes it there through FLASHCORE_COMMIT."""
+    if os.environ.get("FLASHCORE_COMMIT"):
+        return os.environ["FLASHCORE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def make_record(phase_name: str, tile_params: dict, ptxas: build.PtxasStats, matmul_tflops: float,
+                runs: list[dict]) -> dict:
+    phase = get(phase_name)
+    environment = env.environment()
+    return {
+        "schema": SCHEMA_VERSION,
+        "phase": phase_name,
+        "kernel_sha256": build.kernel_sha256(phase.kernel_file, tile_params),
+        "tile_params": tile_params,
+        "commit": current_commit(),
+        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "env": {key: environment[key] for key in sorted(REQUIRED_ENV | {"python"})},
+        "ptxas": {key: getattr(ptxas, key) for key in ("registers", "smem_bytes", "spill_stores",
+                                                       "spill_loads", "stack_bytes")},
+        "matmul_tflops": matmul_tflops,
+        "runs": runs,
+    }
+
+
+def write(record: dict, root: Path = RESULTS_DIR) -> Path:
+    validate(record)
+    path = path_for(record["phase"], env.gpu_slug(record["env"]["gpu"]), root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def validate(record: dict) -> None:
+    """Raise ValueError naming the first thing that breaks the schema."""
+    def need(keys, have, where):
+        missing = keys - set(have)
+        if missing:
+            raise ValueError(f"{where} is missing {sorted(missing)}")
+
+    need(REQUIRED_KEYS, record, "record")
+    need(REQUIRED_ENV, record["env"], "record['env']")
+    need(REQUIRED_PTXAS, record["ptxas"], "record['ptxas']")
+    if not record["runs"]:
+        raise ValueError("record has no runs")
+    for run in record["runs"]:
+        need(REQUIRED_RUN, run, f"run {run.get('case')}")
+    if record["schema"] != SCHEMA_VERSION:
+        raise ValueError(f"schema {record['schema']} != {SCHEMA_VERSION}")
+
+
+def load(phase_name: str, gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
+    path = path_for(phase_name, gpu_slug, root)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    validate(record)
+    return record
+
+
+def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
+    return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/*.json"))]
+
+
+def is_stale(record: dict) -> bool:
+    """True when the phase's kernel (or its default tile sizes) changed since the record was made."""
+    phase = get(record["phase"])
+    return record["kernel_sha256"] != build.kernel_sha256(phase.kernel_file, phase.tile_params)
+
+
+def provenance(record: dict) -> str:
+    """The line printed beside every recorded number."""
+    e = record["env"]
+    line = (f"recorded on {e['gpu']} (sm_{e['cc']}), driver {e['driver']}, torch {e['torch']}, "
+            f"CUDA {e['cuda']}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}")
+    if is_stale(record):
+        line += "  [STALE: the kernel changed since this record; re-record it]"
+    return line

@@ -1,0 +1,87 @@
+"""The problems every phase is checked and timed on, declared as data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    heads: int
+    seqlen_q: int
+    head_dim: int
+    causal: bool = False
+    seqlen_k: int | None = None   # None: same as seqlen_q
+    magnitude: float = 1.0        # inputs are randn * magnitude
+
+    @property
+    def sk(self) -> int:
+        return self.seqlen_q if self.seqlen_k is None else self.seqlen_k
+
+    @property
+    def shape(self) -> list[int]:
+        return [self.batch, self.heads, self.seqlen_q, self.head_dim]
+
+    def flops(self) -> float:
+        """4·B·H·Sq·Sk·D (two GEMMs), halved for causal."""
+        full = 4.0 * self.batch * self.heads * self.seqlen_q * self.sk * self.head_dim
+        return full / 2 if self.causal else full
+
+    def label(self) -> str:
+        s = "x".join(map(str, self.shape))
+        if self.seqlen_k is not None:
+            s += f" (Sk={self.seqlen_k})"
+        if self.causal:
+            s += " causal"
+        if self.magnitude != 1.0:
+            s += f" x{self.magnitude:g}"
+        return s
+
+
+# The original project's reference problem.
+MISSION = Case("mission", 1, 8, 512, 64)
+
+# Correctness: the mission shape, the original project's small shapes, edge lengths, D=128,
+# causal, Sq != Sk and large magnitudes.
+CORRECTNESS = [
+    MISSION,
+    Case("orig_32", 1, 1, 32, 64),
+    Case("orig_64", 1, 2, 64, 64),
+    Case("orig_128", 1, 4, 128, 64),
+    Case("orig_256_b4", 4, 8, 256, 64),
+    Case("orig_1024", 1, 8, 1024, 64),
+    Case("s1", 1, 8, 1, 64),
+    Case("s17", 2, 3, 17, 64),
+    Case("s1000", 1, 8, 1000, 64),
+    Case("d128", 1, 8, 512, 128),
+    Case("s17_d128", 2, 3, 17, 128),
+    Case("mission_causal", 1, 8, 512, 64, causal=True),
+    Case("s1000_causal_d128", 1, 4, 1000, 128, causal=True),
+    Case("sq_lt_sk", 1, 8, 100, 64, seqlen_k=300),
+    Case("sq_gt_sk_causal", 1, 8, 300, 64, causal=True, seqlen_k=100),
+    Case("mission_x20", 1, 8, 512, 64, magnitude=20.0),
+]
+
+# Speed: the mission shape and the large shapes of ANCHORS.md.
+TIMING = [
+    MISSION,
+    Case("mission_causal", 1, 8, 512, 64, causal=True),
+    Case("b16h16_s512", 16, 16, 512, 64),
+    Case("b4h16_s2048", 4, 16, 2048, 64),
+    Case("b4h16_s2048_causal", 4, 16, 2048, 64, causal=True),
+    Case("b2h16_s4096_d128", 2, 16, 4096, 128),
+]
+
+SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "mission": [MISSION]}
+
+
+def select(names: str | None, suite: str = "correctness") -> list[Case]:
+    """Cases by comma-separated names (from any suite), or a whole suite."""
+    if not names:
+        return list(SUITES[suite])
+    by_name = {case.name: case for cases in SUITES.values() for case in cases}
+    unknown = [n for n in names.split(",") if n not in by_name]
+    if unknown:
+        raise KeyError(f"unknown case(s) {unknown}; known: {sorted(by_name)}")
+    return [by_name[n] for n in names.split(",")]

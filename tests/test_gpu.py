@@ -1,0 +1,97 @@
+"""GPU suite (`pytest -m gpu`): every phase on the shape suite, bad inputs, compute-sanitizer."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashcore_nb
+from flashcore_nb.check import check, make_inputs
+from flashcore_nb.reference import attention_fp64
+from flashcore_nb.shapes import CORRECTNESS, Case
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+PHASE_NAMES = list(flashcore_nb.PHASES)
+
+
+def _supported(phase, case, dtype):
+    return (case.head_dim in phase.head_dims and (phase.causal or not case.causal)
+            and (phase.cross_lengths or case.sk == case.seqlen_q) and dtype in phase.dtypes)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CORRECTNESS, ids=lambda c: c.name)
+@pytest.mark.parametrize("name", PHASE_NAMES)
+def test_correct_on_shape_suite(cuda, name, case, dtype):
+    phase = flashcore_nb.PHASES[name]
+    if not _supported(phase, case, dtype):
+        with pytest.raises((ValueError, TypeError)):
+            flashcore_nb.load(name)(*make_inputs(case, getattr(torch, dtype)), causal=case.causal)
+        return
+    for seed in (0, 1):  # fresh inputs: the same function on any valid input
+        result = check(flashcore_nb.load(name), case, getattr(torch, dtype), seed=seed)
+        assert result.unwritten == 0, f"{result.unwritten} output elements never written"
+        assert result.passed, result
+
+
+@pytest.mark.parametrize("name", PHASE_NAMES)
+def test_strided_inputs(cuda, name):
+    """(B, S, H, D) storage viewed as (B, H, S, D): strides are honoured, not assumed."""
+    fn = flashcore_nb.load(name)
+    q, k, v = (torch.randn(2, 100, 4, 64, device=cuda, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    out = fn(q, k, v)
+    assert (out.double() - attention_fp64(q, k, v)).abs().max() < 2e-3
+
+
+def _bad_inputs(cuda):
+    good = lambda *shape, **kw: torch.randn(*shape, device=cuda, dtype=torch.float16, **kw)  # noqa: E731
+    q = good(1, 2, 64, 64)
+    return {
+        "cpu tensor": ((q.cpu(), q, q), {}, ValueError, "CUDA tensors"),
+        "float32": ((q.float(), q.float(), q.float()), {}, TypeError, "dtypes"),
+        "mixed dtypes": ((q, q.bfloat16(), q), {}, TypeError, "share a dtype"),
+        "rank 3": ((q[0], q[0], q[0]), {}, ValueError, "rank 4"),
+        "heads differ": ((q, good(1, 3, 64, 64), good(1, 3, 64, 64)), {}, ValueError, "disagree"),
+        "k v differ": ((q, q, good(1, 2, 32, 64)), {}, ValueError, "same shape"),
+        "head dim 80": ((good(1, 2, 64, 80),) * 3, {}, ValueError, "head_dim"),
+        "empty": ((good(1, 2, 0, 64),) * 3, {}, ValueError, "empty"),
+        "last dim strided": ((q[..., ::2],) * 3, {}, ValueError, "contiguous"),
+        "not a tensor": (([1.0], q, q), {}, TypeError, "torch.Tensor"),
+        "bad out": ((q, q, q), {"out": good(1, 2, 64, 32)}, ValueError, "out must match"),
+    }
+
+
+@pytest.mark.parametrize("name", PHASE_NAMES)
+def test_bad_inputs_raise_clear_errors_and_leave_cuda_usable(cuda, name):
+    fn = flashcore_nb.load(name)
+    for label, (args, kwargs, error, message) in _bad_inputs(cuda).items():
+        with pytest.raises(error, match=message):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()  # a sticky CUDA error would surface here
+    assert check(fn, Case("after", 1, 2, 33, 64), torch.float16).passed, "a good call after bad ones failed"
+
+
+def test_unknown_tile_parameter_is_refused(cuda):
+    with pytest.raises(ValueError, match="no tile parameter"):
+        flashcore_nb.load("p01_baseline", BLOCK_Q=64)
+
+
+def test_invalid_tile_parameter_fails_at_compile_time(cuda):
+    from flashcore_nb.build import CompileError
+    with pytest.raises(CompileError, match="NUM_THREADS must be a power of two"):
+        flashcore_nb.load("p01_baseline", NUM_THREADS=96)
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer_clean(cuda, tool):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3", sys.executable,
+         str(ROOT / "tests" / "sanitize_target.py")],
+        capture_output=True, text=True, env=env, timeout=900)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in report or "RACECHECK SUMMARY: 0 hazards" in report, report[-4000:]
