@@ -58,7 +58,7 @@ def _bad_inputs(cuda):
         "k v differ": ((q, q, good(1, 2, 32, 64)), {}, ValueError, "same shape"),
         "head dim 80": ((good(1, 2, 64, 80),) * 3, {}, ValueError, "head_dim"),
         "empty": ((good(1, 2, 0, 64),) * 3, {}, ValueError, "empty"),
-        "last dim strided": ((q[..., ::2],) * 3, {}, ValueError, "contiguous"),
+        "last dim strided": ((good(1, 2, 64, 128)[..., ::2],) * 3, {}, ValueError, "contiguous"),
         "not a tensor": (([1.0], q, q), {}, TypeError, "torch.Tensor"),
         "bad out": ((q, q, q), {"out": good(1, 2, 64, 32)}, ValueError, "out must match"),
     }
