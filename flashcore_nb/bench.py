@@ -100,6 +100,12 @@ def _time_sdpa(backend, q, k, v, case: Case) -> dict | None:
     return timing
 
 
+def baseline_us(baselines: dict | None, name: str) -> float | None:
+    """GPU time of one SDPA backend from a run's `baselines` (None where it did not run)."""
+    timing = (baselines or {}).get(name)
+    return timing["gpu_us"] if timing else None
+
+
 def matmul_tflops(n: int = 8192, dtype=torch.float16) -> float:
     """This GPU's measured dense matmul rate (fp32 accumulate): the "100%" of % of peak."""
     a = torch.randn(n, n, device="cuda", dtype=dtype)

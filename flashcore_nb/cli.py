@@ -1,4 +1,8 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats} [--phase NAME|all] [--shapes a,b]"""
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods} [--phase NAME|all] [--shapes a,b]
+
+info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
+beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
+with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +11,13 @@ import sys
 import pandas as pd
 
 from . import binding, build, env, results, shapes
+from .measure import collect_runs, dtypes_for, record_timing_methods
 from .phases import PHASES, get
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
-    parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats"])
+    parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -33,6 +38,9 @@ def main(argv=None) -> int:
     if env.gpu() is None:
         print(f"'{args.command}' needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.command == "methods":
+        print("wrote", record_timing_methods())
+        return 0
     failed = False
     for name in names:
         fn = binding.load(name)
@@ -53,14 +61,9 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def _dtypes(fn):
-    import torch
-    return [torch.float16] + ([torch.bfloat16] if fn.phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
-
-
 def _check_rows(fn, case):
     from .check import check
-    return [check(fn, case, dtype).as_dict() for dtype in _dtypes(fn)]
+    return [check(fn, case, dtype).as_dict() for dtype in dtypes_for(fn.phase)]
 
 
 def _bench_row(fn, case):
@@ -69,21 +72,9 @@ def _bench_row(fn, case):
 
 
 def _record(fn, correctness, timing):
-    import torch
-
-    from .bench import bench_case, matmul_tflops
-    from .check import check
+    from .bench import matmul_tflops
     peak = matmul_tflops()
-    timed = {case.name for case in timing}
-    runs = []
-    for case in correctness + [c for c in timing if c.name not in {x.name for x in correctness}]:
-        for dtype in _dtypes(fn):
-            run = check(fn, case, dtype).as_dict()
-            speed = bench_case(fn, case, dtype) if case.name in timed and dtype == torch.float16 else {}
-            run.update(gpu_us=speed.get("gpu_us"), gpu_us_min=speed.get("gpu_us_min"),
-                       call_us=speed.get("call_us"), tflops=speed.get("tflops"),
-                       baselines=speed.get("baselines"))
-            runs.append(run)
+    runs = collect_runs(fn, correctness, timing)
     record = results.make_record(fn.phase.name, fn.tile_params, fn.build.ptxas, peak, runs)
     print("wrote", results.write(record), f"(matmul peak {peak:.0f} TFLOP/s)", flush=True)
     return runs

@@ -19,3 +19,27 @@ def attention_fp64(q, k, v, causal: bool = False, scale: float | None = None) ->
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def chunked_online_attention(q, k, v, chunk: int = 128, causal: bool = False, scale: float | None = None):
+    """Phase 1's algorithm in float32 on the CPU, one query row at a time: keys in chunks, a running
+    max and sum, the output rescaled whenever the max grows. Same function as `attention_fp64`."""
+    q, k, v = (t.to(torch.float32) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    out = torch.empty_like(q)
+    for i in range(seqlen_q):
+        kv_end = min(seqlen_k, i + 1) if causal else seqlen_k
+        row_max = torch.full(q.shape[:-2], float("-inf"))
+        row_sum = torch.zeros(q.shape[:-2])
+        acc = torch.zeros(*q.shape[:-2], q.shape[-1])
+        for start in range(0, kv_end, chunk):
+            scores = torch.einsum("...d,...nd->...n", q[..., i, :], k[..., start:min(start + chunk, kv_end), :]) * scale
+            new_max = torch.maximum(row_max, scores.amax(-1))
+            probs = torch.exp(scores - new_max[..., None])
+            correction = torch.exp(row_max - new_max)
+            row_sum = row_sum * correction + probs.sum(-1)
+            acc = acc * correction[..., None] + torch.einsum("...n,...nd->...d", probs, v[..., start:start + probs.shape[-1], :])
+            row_max = new_max
+        out[..., i, :] = acc / row_sum[..., None]
+    return out

@@ -1,0 +1,134 @@
+"""What a chapter shows: measured live on this GPU, or replayed from the recorded results.
+
+The notebook calls the same function in both modes; the returned Measurement says which it was."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from . import env, results, shapes
+from .paths import RESULTS_DIR
+
+METHODS_FILE = "timing_methods.json"
+
+
+@dataclass
+class Measurement:
+    runs: pd.DataFrame
+    matmul_tflops: float | None
+    provenance: str          # the environment line printed beside the numbers
+    record: dict | None      # the record replayed (None when measured live)
+
+
+def dtypes_for(phase) -> list:
+    """fp16 always; bf16 too where the phase and this GPU support it."""
+    import torch
+    return [torch.float16] + ([torch.bfloat16] if phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
+
+
+def collect_runs(fn, correctness, timing) -> list[dict]:
+    """Check every case (each supported dtype) and time the timing cases in fp16, SDPA alongside."""
+    import torch
+
+    from .bench import bench_case
+    from .check import check
+    timed = {case.name for case in timing}
+    cases = correctness + [c for c in timing if c.name not in {x.name for x in correctness}]
+    runs = []
+    for case in cases:
+        for dtype in dtypes_for(fn.phase):
+            run = check(fn, case, dtype).as_dict()
+            speed = bench_case(fn, case, dtype) if case.name in timed and dtype == torch.float16 else {}
+            for key in ("gpu_us", "gpu_us_min", "call_us", "tflops", "baselines"):
+                run[key] = speed.get(key)
+            runs.append(run)
+    return runs
+
+
+def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurement:
+    """Live: compile, check and time the phase now. Replay: the record for `gpu_slug`."""
+    if env.mode() == "live":
+        from .bench import matmul_tflops
+        from .binding import load
+        fn = load(phase_name)
+        runs = collect_runs(fn, shapes.CORRECTNESS, shapes.TIMING)
+        info = env.environment()
+        line = (f"measured live on {info['gpu']} (sm_{info['cc']}), driver {info['driver']}, "
+                f"torch {info['torch']}, CUDA {info['cuda']}")
+        return Measurement(pd.DataFrame(runs), matmul_tflops(), line, None)
+    record = results.load(phase_name, gpu_slug)
+    if record is None:
+        raise FileNotFoundError(f"no recorded results for {phase_name} on {gpu_slug}; record them on a GPU "
+                                f"with `python -m flashcore_nb record --phase {phase_name}`")
+    return Measurement(pd.DataFrame(record["runs"]), record["matmul_tflops"], results.provenance(record), record)
+
+
+# --- the timing-method experiment of chapter 0 ---------------------------------------------------
+
+def timing_methods(case: shapes.Case = shapes.MISSION, iterations: int = 200) -> dict:
+    """One SDPA call timed four ways on this GPU (microseconds)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .bench import call_latency_us, gpu_time_us
+    from .check import make_inputs
+    q, k, v = make_inputs(case)
+    call = lambda: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    events, host = [], []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        host.append((time.perf_counter() - t0) * 1e6)
+        events.append(start.elapsed_time(end) * 1e3)
+    graph = gpu_time_us(call)
+    return {
+        "events_sync_each_p50": statistics.median(events),
+        "events_sync_each_min": min(events),
+        "host_clock_sync_each_p50": statistics.median(host),
+        "back_to_back_mean": call_latency_us(call, iterations),
+        "graph_replay_median": graph["gpu_us"],
+        "graph_replay_min": graph["gpu_us_min"],
+    }
+
+
+def record_timing_methods() -> str:
+    info = env.environment()
+    record = {"case": shapes.MISSION.label(), "commit": results.current_commit(),
+              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env": info, "us": timing_methods()}
+    path = RESULTS_DIR / env.gpu_slug(info["gpu"]) / METHODS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return str(path)
+
+
+def timing_method_table(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
+    if env.mode() == "live":
+        data = timing_methods()
+        info = env.environment()
+        line = f"measured live on {info['gpu']}, torch {info['torch']}"
+    else:
+        record = json.loads((RESULTS_DIR / gpu_slug / METHODS_FILE).read_text())
+        data, e = record["us"], record["env"]
+        line = (f"recorded on {e['gpu']}, driver {e['driver']}, torch {e['torch']}, CUDA {e['cuda']}, "
+                f"commit {record['commit'][:10]}, {record['recorded_at'][:10]}")
+    labels = {
+        "events_sync_each_p50": "CUDA events around each call, sync each time (p50) — the original method",
+        "events_sync_each_min": "same, minimum",
+        "host_clock_sync_each_p50": "host clock around call + synchronize (p50)",
+        "back_to_back_mean": "back-to-back calls, one sync at the end (mean per call)",
+        "graph_replay_median": "CUDA-graph replay of back-to-back calls (median) — GPU time",
+        "graph_replay_min": "same, minimum",
+    }
+    frame = pd.DataFrame({"method": [labels[k] for k in labels], "µs per call": [data[k] for k in labels]})
+    return frame, line

@@ -1,0 +1,78 @@
+"""Figures: speed beside SDPA, errors beside SDPA's, and the ladder across phases."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import results
+from .bench import SDPA_BACKENDS, baseline_us
+from .phases import PHASES
+
+SDPA_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
+               "sdpa_cudnn": "#2ca02c"}
+
+
+def speed(runs: pd.DataFrame, label: str, provenance: str):
+    """Grouped bars, log scale: this phase and every SDPA backend per timing case."""
+    timed = runs[runs["gpu_us"].notna()].reset_index(drop=True)
+    series = {label: timed["gpu_us"].to_numpy()}
+    for name in SDPA_BACKENDS:
+        series[name] = np.array([baseline_us(b, name) for b in timed["baselines"]], dtype=float)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / len(series)
+    x = np.arange(len(timed))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + i * width, values, width, label=name, color=SDPA_COLORS.get(name, "#d62728"))
+    ax.set_xticks(x + width * (len(series) - 1) / 2, timed["case"], rotation=15, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("GPU time per call (µs, log)")
+    ax.legend(fontsize=8, ncol=len(series))
+    ax.set_title(provenance, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def errors(runs: pd.DataFrame, provenance: str):
+    """Max |error| vs float64, beside SDPA's own on the same inputs, with the pass line."""
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for dtype, marker in (("float16", "o"), ("bfloat16", "s")):
+        part = runs[runs["dtype"] == dtype]
+        if part.empty:
+            continue
+        x = np.arange(len(part))
+        ax.scatter(x, part["max_abs_err"], marker=marker, color="#d62728", label=f"kernel ({dtype})")
+        ax.scatter(x, part["sdpa_max_abs_err"], marker=marker, facecolors="none", edgecolors="#444444",
+                   label=f"SDPA ({dtype})")
+        ax.plot(x, 2 * part["sdpa_max_abs_err"] + 1e-4, ":", color="#999999", linewidth=1)
+        ax.set_xticks(x, part["case"], rotation=40, fontsize=7, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("max |O - O_fp64|")
+    ax.legend(fontsize=8, ncol=4)
+    ax.set_title(provenance + "   (dotted: pass line 2x SDPA + 1e-4)", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def ladder(case: str = "mission", gpu_slug: str = results.DEFAULT_GPU):
+    """GPU time of every recorded phase at one case, log scale, with SDPA from each phase's run."""
+    names, ours, sdpa = [], [], []
+    for name in PHASES:
+        record = results.load(name, gpu_slug)
+        if record is None:
+            continue
+        run = next(r for r in record["runs"] if r["case"] == case and r["gpu_us"] is not None)
+        names.append(name)
+        ours.append(run["gpu_us"])
+        sdpa.append(baseline_us(run["baselines"], "sdpa_default"))
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(names) + 1.6))
+    ax.barh(names, ours, color="#d62728", label="FlashCore phase")
+    ax.scatter(sdpa, names, color="#444444", zorder=3, label="SDPA default, same run")
+    for y, value in enumerate(ours):
+        ax.text(value, y, f" {value:,.1f} µs", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"GPU time per call at '{case}' (µs, log)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,46 @@
+"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch."""
+from __future__ import annotations
+
+import pandas as pd
+
+from . import build, results
+from .bench import SDPA_BACKENDS, baseline_us
+from .phases import get
+
+
+def correctness(runs: pd.DataFrame) -> pd.DataFrame:
+    table = runs[["case", "shape", "causal", "dtype", "max_abs_err", "sdpa_max_abs_err", "unwritten", "passed"]].copy()
+    table["shape"] = table["shape"].map(lambda s: "x".join(map(str, s)))
+    table["err / sdpa err"] = table["max_abs_err"] / table["sdpa_max_abs_err"].where(table["sdpa_max_abs_err"] > 0)
+    return table.reset_index(drop=True)
+
+
+def speed(runs: pd.DataFrame, matmul_tflops: float | None = None) -> pd.DataFrame:
+    """GPU time (µs, graph replay, median) of the phase and each SDPA backend from the same run."""
+    timed = runs[runs["gpu_us"].notna()]
+    rows = []
+    for _, run in timed.iterrows():
+        row = {"case": run["case"], "ours µs": run["gpu_us"]}
+        for name in SDPA_BACKENDS:
+            row[f"{name.removeprefix('sdpa_')} µs"] = baseline_us(run["baselines"], name)
+        row["ours / default"] = run["gpu_us"] / row["default µs"]
+        row["TFLOP/s"] = run["tflops"]
+        if matmul_tflops:
+            row["% of matmul peak"] = 100.0 * run["tflops"] / matmul_tflops
+        row["call µs"] = run["call_us"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
+    """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's."""
+    phase = get(phase_name)
+    try:
+        rows = [{"arch": f"sm_{cc}", **vars(build.compile_only(phase.kernel_file, cc, phase.tile_params))}
+                for cc in phase.archs]
+        return pd.DataFrame(rows), "compiled just now with nvcc " + (build.env.nvcc_version() or "")
+    except build.CompileError as error:
+        if record is None or "nvcc not found" not in str(error):
+            raise
+    row = {"arch": f"sm_{record['env']['cc']}", **record["ptxas"]}
+    return pd.DataFrame([row]), "from the record (no nvcc on this machine): " + results.provenance(record)

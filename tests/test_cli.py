@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+
+from flashcore_nb.paths import ROOT
+
+
+def run(*args):
+    """The CLI as on a machine with no GPU (any GPU here is hidden from it)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FLASHCORE_MODE": ""}
+    return subprocess.run([sys.executable, "-m", "flashcore_nb", *args], cwd=ROOT, capture_output=True,
+                          text=True, env=env)
+
+
+def test_info_reports_mode_and_phases():
+    proc = run("info")
+    assert proc.returncode == 0 and "mode: replay" in proc.stdout and "p01_baseline" in proc.stdout
+
+
+def test_stats_compiles_without_a_gpu():
+    proc = run("stats", "--phase", "p01_baseline", "--arch", "80")
+    assert proc.returncode == 0, proc.stderr
+    assert "sm_80" in proc.stdout and "registers" in proc.stdout
+
+
+def test_gpu_commands_refuse_clearly_without_a_gpu():
+    proc = run("check", "--phase", "p01_baseline")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr

@@ -1,0 +1,45 @@
+"""Notebooks: committed clean, and each executes top to bottom in replay mode (no GPU)."""
+import json
+import re
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from flashcore_nb.paths import NOTEBOOKS_DIR, REPO_URL, ROOT
+
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs(path):
+    cells = json.loads(path.read_text())["cells"]
+    assert not [c for c in cells if c["cell_type"] == "code" and (c["outputs"] or c["execution_count"])]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_executes_in_replay_mode(path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_MODE", "replay")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+
+
+def test_one_repository_url_everywhere():
+    places = [ROOT / "_config.yml", ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "book" / "how_to_run.md",
+              *NOTEBOOKS]
+    for place in places:
+        assert REPO_URL in place.read_text(), f"{place.name} does not use {REPO_URL}"
+    urls = {url.removesuffix(".git") for place in places
+            for url in re.findall(r"https://github\.com/[\w.-]+/[\w.-]*flashcore[\w.-]*", place.read_text())}
+    assert urls == {REPO_URL}, f"repository URLs disagree: {sorted(urls)}"
+
+
+def test_every_notebook_starts_with_the_colab_setup_cell():
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        setup = next(c for c in nb.cells if c.cell_type == "code")
+        assert "google.colab" in setup.source and f"git clone --depth 1 {REPO_URL}" in setup.source

@@ -1,0 +1,85 @@
+"""The binding's input checks, exercised on the CPU with a stand-in GPU description."""
+import pytest
+import torch
+
+import flashcore_nb
+from flashcore_nb.binding import check_device, check_shared_memory, validate_problem
+from flashcore_nb.env import GpuInfo
+from flashcore_nb.phases import PHASES, Phase
+
+H100 = GpuInfo("NVIDIA H100 80GB HBM3", 90, 132, 232448, 80 << 30, "test")
+T4 = GpuInfo("Tesla T4", 75, 40, 65536, 16 << 30, "test")
+P01 = PHASES["p01_baseline"]
+
+
+def t(*shape, dtype=torch.float16):
+    return torch.randn(*shape).to(dtype)
+
+
+def test_valid_problem_passes():
+    q = t(1, 8, 64, 64)
+    validate_problem(P01, q, t(1, 8, 100, 64), t(1, 8, 100, 64), True, H100)
+
+
+@pytest.mark.parametrize("args,causal,error,message", [
+    ((t(1, 8, 64, 64, dtype=torch.float32),) * 3, False, TypeError, "supports dtypes float16, bfloat16; got float32"),
+    ((t(1, 8, 64, 64), t(1, 8, 64, 64, dtype=torch.bfloat16), t(1, 8, 64, 64)), False, TypeError, "share a dtype"),
+    ((t(8, 64, 64),) * 3, False, ValueError, r"rank 4 \(batch, heads, seq_len, head_dim\)"),
+    ((t(1, 8, 64, 64), t(1, 4, 64, 64), t(1, 4, 64, 64)), False, ValueError, "disagree"),
+    ((t(1, 8, 64, 64), t(1, 8, 64, 64), t(1, 8, 32, 64)), False, ValueError, "k and v must have the same shape"),
+    ((t(1, 8, 64, 80),) * 3, False, ValueError, "supports head_dim 64 or 128; got 80"),
+    ((t(1, 8, 0, 64),) * 3, False, ValueError, "empty input"),
+    ((t(1, 8, 64, 128)[..., ::2],) * 3, False, ValueError, "last dimension must be contiguous"),
+    ((t(1, 65536, 1, 64),) * 3, False, ValueError, "heads must each be <= 65535"),
+])
+def test_bad_problems_are_named(args, causal, error, message):
+    with pytest.raises(error, match=message):
+        validate_problem(P01, *args, causal, H100)
+
+
+def test_strided_but_inner_contiguous_is_accepted():
+    q = t(1, 64, 8, 64).transpose(1, 2)  # (B, S, H, D) storage seen as (B, H, S, D)
+    validate_problem(P01, q, q, q, False, H100)
+
+
+def test_phase_features_are_enforced():
+    narrow = Phase("p99_narrow", "narrow", "99_narrow", archs=(80,), min_cc=80, dtypes=("float16",),
+                   head_dims=(64,), causal=False, cross_lengths=False)
+    q = t(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="does not support causal"):
+        validate_problem(narrow, q, q, q, True, H100)
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        validate_problem(narrow, q, t(1, 2, 32, 64), t(1, 2, 32, 64), False, H100)
+    with pytest.raises(RuntimeError, match="needs compute capability 8.0 or newer; this GPU \\(Tesla T4\\) is 7.5"):
+        validate_problem(narrow, q, q, q, False, T4)
+
+
+def test_bf16_refused_on_t4():
+    q = t(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 needs compute capability 8.0"):
+        validate_problem(P01, q, q, q, False, T4)
+
+
+def test_cpu_tensors_and_non_tensors_are_refused():
+    q = t(1, 2, 16, 64)
+    with pytest.raises(ValueError, match=r"q is on cpu; FlashCore kernels need CUDA tensors \(move it with q.cuda\(\)\)"):
+        check_device(q, q, q)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
+        check_device(q, [1.0], q)
+
+
+def test_shared_memory_limit_is_checked_before_launch():
+    check_shared_memory(P01, 64 * 1024, H100)
+    with pytest.raises(RuntimeError, match="needs 100000 bytes of shared memory per block; Tesla T4 allows 65536"):
+        check_shared_memory(P01, 100_000, T4)
+
+
+def test_load_without_gpu_says_why(monkeypatch):
+    monkeypatch.setattr(flashcore_nb.env, "gpu", lambda index=None: None)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        flashcore_nb.load("p01_baseline")
+
+
+def test_unknown_phase_lists_known_ones():
+    with pytest.raises(KeyError, match="known phases: p01_baseline"):
+        flashcore_nb.load("p42_magic")
