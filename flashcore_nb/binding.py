@@ -67,6 +67,17 @@ def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> N
         if tensor.stride(3) != 1:
             raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got strides "
                              f"{tensor.stride()}; call {name}.contiguous()")
+        if phase.aligned_16b:
+            check_alignment_16b(name, tensor)
+
+
+def check_alignment_16b(name: str, tensor) -> None:
+    """16-byte vector loads need 16-byte aligned rows: the base address and every stride."""
+    elements = 16 // tensor.element_size()
+    if tensor.data_ptr() % 16 or any(stride % elements for stride in tensor.stride()[:3]):
+        raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
+                         f"multiples of {elements} elements); got strides {tensor.stride()}. "
+                         f"Call {name}.contiguous() (or use a phase without vector loads)")
 
 
 def check_shared_memory(phase: Phase, needed: int, gpu: env.GpuInfo) -> None:

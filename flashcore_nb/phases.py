@@ -17,6 +17,7 @@ class Phase:
     head_dims: tuple[int, ...] = (64, 128)
     causal: bool = True               # supports causal masking
     cross_lengths: bool = True        # supports Sq != Sk
+    aligned_16b: bool = False         # loads 16 bytes at a time: pointers and strides must allow it
     tile_params: dict = field(default_factory=dict)  # -D defines, overridable at load()
 
     @property
@@ -36,6 +37,15 @@ _REGISTRY = [
         archs=(75, 80, 89, 90),
         min_cc=75,
         tile_params={"NUM_THREADS": 128},
+    ),
+    Phase(
+        name="p02_vectorized",
+        title="Phase 2: vectorized loads and warp reductions",
+        notebook="02_vectorized",
+        archs=(75, 80, 89, 90),
+        min_cc=75,
+        aligned_16b=True,
+        tile_params={"NUM_WARPS": 8},
     ),
 ]
 

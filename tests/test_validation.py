@@ -83,3 +83,13 @@ def test_load_without_gpu_says_why(monkeypatch):
 def test_unknown_phase_lists_known_ones():
     with pytest.raises(KeyError, match="known phases: p01_baseline"):
         flashcore_nb.load("p42_magic")
+
+
+def test_vector_phases_refuse_misaligned_rows():
+    p02 = PHASES["p02_vectorized"]
+    q = t(1, 2, 16, 64)
+    validate_problem(p02, q, q, q, False, H100)
+    misaligned = t(1, 2, 16, 68)[..., 2:66]   # inner dim contiguous, base 4 bytes off and row stride 68
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        validate_problem(p02, misaligned, misaligned, misaligned, False, H100)
+    validate_problem(P01, misaligned, misaligned, misaligned, False, H100)  # scalar loads: fine
