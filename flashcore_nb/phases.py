@@ -47,6 +47,15 @@ _REGISTRY = [
         aligned_16b=True,
         tile_params={"NUM_WARPS": 8},
     ),
+    Phase(
+        name="p03_wmma",
+        title="Phase 3: tensor cores with WMMA, 32x32 tiles",
+        notebook="03_wmma",
+        archs=(75, 80, 89, 90),
+        min_cc=75,
+        dtypes=("float16",),
+        aligned_16b=True,
+    ),
 ]
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in _REGISTRY}
