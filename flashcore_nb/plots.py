@@ -54,10 +54,12 @@ def errors(runs: pd.DataFrame, provenance: str):
     return fig
 
 
-def ladder(case: str = "mission", gpu_slug: str = results.DEFAULT_GPU):
-    """GPU time of every recorded phase at one case, log scale, with SDPA from each phase's run."""
+def ladder(case: str = "mission", upto: str | None = None, gpu_slug: str = results.DEFAULT_GPU):
+    """GPU time of every recorded phase (up to and including `upto`) at one case, log scale, with
+    SDPA's from each phase's own run."""
     names, ours, sdpa = [], [], []
-    for name in PHASES:
+    order = list(PHASES)
+    for name in order[: order.index(upto) + 1] if upto else order:
         record = results.load(name, gpu_slug)
         if record is None:
             continue
