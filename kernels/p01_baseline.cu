@@ -12,7 +12,8 @@
 //
 // Why it is slow, on purpose. Each thread reads a whole K row (D halves, 2 bytes at a time, 128
 // threads touching 128 different rows: uncoalesced), every key of the head is re-read by every
-// query row (S x more traffic than the data), and each chunk costs four CTA-wide barriers.
+// query row (S x more traffic than the data), and each chunk of keys costs 19 CTA-wide barriers
+// (two tree reductions of nine each, plus one).
 // Phase 2 attacks the loads and the reductions.
 //
 // Knowingly does not support: head dims other than 64 and 128.
