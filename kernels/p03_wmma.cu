@@ -41,20 +41,27 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWmma = 16;     // m = n = k of one WMMA operation
 static_assert(kThreads == kBlockM * 4, "the softmax gives each query row a quad of 4 threads");
 
+// Every row is padded by 16 bytes (8 halves, 4 floats). Unpadded, a row of 64 halves is 128 bytes,
+// so the 16 rows a WMMA load touches — and the 8 rows a softmax warp reads — all start in the same
+// shared-memory bank and serialise. The padding is used by *every* access through one pitch
+// constant; the original project's bug was padding loops written with one stride over a layout
+// that used another.
+template <int kCols, typename T> constexpr int kPitch = kCols + 16 / sizeof(T);
+
 template <int kHeadDim>
 struct SharedStorage {
-  __half q_tile[kBlockM][kHeadDim];
-  __half k_tile[kBlockN][kHeadDim];
-  __half v_tile[kBlockN][kHeadDim];
-  float scores[kBlockM][kBlockN];     // S for the current tile (unscaled)
-  __half probs[kBlockM][kBlockN];     // P = exp(scale*S - m), the A operand of P·V
-  float out[kBlockM][kHeadDim];       // O accumulator, unnormalised, carried across KV tiles
+  __half q_tile[kBlockM][kPitch<kHeadDim, __half>];
+  __half k_tile[kBlockN][kPitch<kHeadDim, __half>];
+  __half v_tile[kBlockN][kPitch<kHeadDim, __half>];
+  float scores[kBlockM][kPitch<kBlockN, float>];    // S for the current tile (unscaled)
+  __half probs[kBlockM][kPitch<kBlockN, __half>];   // P = exp(scale*S - m), the A operand of P·V
+  float out[kBlockM][kPitch<kHeadDim, float>];      // O accumulator, unnormalised, across KV tiles
 };
 
 // Rows [first, first + kRows) of a (S, D) matrix into a tile, 16 bytes at a time; rows past
 // `seqlen` are zero-filled (never left stale: 0 * NaN would poison P·V).
 template <int kRows, int kHeadDim>
-__device__ void load_tile(__half (*tile)[kHeadDim], const __half* base, int64_t row_stride, int first, int seqlen) {
+__device__ void load_tile(__half (*tile)[kPitch<kHeadDim, __half>], const __half* base, int64_t row_stride, int first, int seqlen) {
   constexpr int kChunksPerRow = kHeadDim / 8;
   for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
     const int row = chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
@@ -74,11 +81,11 @@ __device__ void compute_scores(SharedStorage<kHeadDim>& smem, int warp) {
   wmma::fill_fragment(acc, 0.f);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim; kk += kWmma) {
-    wmma::load_matrix_sync(a, &smem.q_tile[tile_m][kk], kHeadDim);
-    wmma::load_matrix_sync(b, &smem.k_tile[tile_n][kk], kHeadDim);
+    wmma::load_matrix_sync(a, &smem.q_tile[tile_m][kk], kPitch<kHeadDim, __half>);
+    wmma::load_matrix_sync(b, &smem.k_tile[tile_n][kk], kPitch<kHeadDim, __half>);
     wmma::mma_sync(acc, a, b, acc);
   }
-  wmma::store_matrix_sync(&smem.scores[tile_m][tile_n], acc, kBlockN, wmma::mem_row_major);
+  wmma::store_matrix_sync(&smem.scores[tile_m][tile_n], acc, kPitch<kBlockN, float>, wmma::mem_row_major);
 }
 
 // O += P · V for the output tiles this warp owns: rows 16 * (w / 2), column tiles (w % 2) + 2i.
@@ -90,14 +97,14 @@ __device__ void accumulate_pv(SharedStorage<kHeadDim>& smem, int warp) {
   wmma::fragment<wmma::accumulator, kWmma, kWmma, kWmma, float> acc;
 #pragma unroll
   for (int tile_n = (warp % 2) * kWmma; tile_n < kHeadDim; tile_n += 2 * kWmma) {
-    wmma::load_matrix_sync(acc, &smem.out[tile_m][tile_n], kHeadDim, wmma::mem_row_major);
+    wmma::load_matrix_sync(acc, &smem.out[tile_m][tile_n], kPitch<kHeadDim, float>, wmma::mem_row_major);
 #pragma unroll
     for (int kk = 0; kk < kBlockN; kk += kWmma) {
-      wmma::load_matrix_sync(a, &smem.probs[tile_m][kk], kBlockN);
-      wmma::load_matrix_sync(b, &smem.v_tile[kk][tile_n], kHeadDim);
+      wmma::load_matrix_sync(a, &smem.probs[tile_m][kk], kPitch<kBlockN, __half>);
+      wmma::load_matrix_sync(b, &smem.v_tile[kk][tile_n], kPitch<kHeadDim, __half>);
       wmma::mma_sync(acc, a, b, acc);
     }
-    wmma::store_matrix_sync(&smem.out[tile_m][tile_n], acc, kHeadDim, wmma::mem_row_major);
+    wmma::store_matrix_sync(&smem.out[tile_m][tile_n], acc, kPitch<kHeadDim, float>, wmma::mem_row_major);
   }
 }
 
@@ -113,7 +120,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashParams params) {
-  __shared__ __align__(32) SharedStorage<kHeadDim> smem;
+  // Dynamic shared memory: with padding, the D = 128 tiles need 49 KB, past the 48 KB static limit.
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  SharedStorage<kHeadDim>& smem = *reinterpret_cast<SharedStorage<kHeadDim>*>(smem_raw);
   const int warp = threadIdx.x / 32;
   const int head = blockIdx.y, batch = blockIdx.z, q_start = blockIdx.x * kBlockM;
   // Softmax / epilogue mapping: a quad of 4 consecutive lanes per query row, each owning a quarter
@@ -127,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashPar
 
   // Prologue: Q tile, zeroed O accumulator.
   load_tile<kBlockM, kHeadDim>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
-  for (int i = threadIdx.x; i < kBlockM * kHeadDim; i += kThreads) (&smem.out[0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < kBlockM * kHeadDim; i += kThreads) smem.out[i / kHeadDim][i % kHeadDim] = 0.f;
   float row_max = -FLT_MAX, row_sum = 0.f;  // identical in the 4 threads of a row's quad
 
   // Top-left causal: the last query row of this tile sees keys 0..q_start + kBlockM - 1.
@@ -178,6 +187,18 @@ __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashPar
   }
 }
 
+// Above 48 KB of dynamic shared memory a kernel must opt in; the binding has already checked the
+// device's limit (flashcore_smem_bytes), so a failure here is reported, not hidden.
+template <int kHeadDim>
+cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
+  constexpr size_t kSmem = sizeof(SharedStorage<kHeadDim>);
+  cudaError_t err = cudaFuncSetAttribute(attention_wmma_kernel<kHeadDim>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  attention_wmma_kernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
   return params->head_dim == 128 ? sizeof(SharedStorage<128>) : sizeof(SharedStorage<64>);
 }
@@ -187,8 +208,7 @@ extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t
   if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   if (p.dtype != kFloat16) return cudaErrorInvalidValue;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
-  if (p.head_dim == 64) attention_wmma_kernel<64><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.head_dim == 128) attention_wmma_kernel<128><<<grid, kThreads, 0, stream>>>(p);
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  if (p.head_dim == 64) return launch<64>(grid, stream, p);
+  if (p.head_dim == 128) return launch<128>(grid, stream, p);
+  return cudaErrorInvalidValue;
 }
