@@ -9,6 +9,13 @@
 // The output accumulator lives in shared memory in a layout *we* chose (row-major), so the
 // per-row rescale by exp(m_old - m_new) is a plain loop; WMMA fragments are only ever loaded from
 // and stored to that buffer, never indexed (their element order is unspecified).
+// Two more things it needs to beat phase 2 (measured on the H100 at the mission shape; the first
+// correct version without them took 58.2 us, slower than phase 2's 55.9 us):
+//   - every shared-memory row padded by 16 bytes: unpadded 128-byte rows put the 16 rows of a WMMA
+//     load in one bank (58.2 -> 40.6 us); the padded D = 128 tiles need 49 KB, so the kernel uses
+//     dynamic shared memory with the opt-in attribute;
+//   - the next K/V tile's global loads are issued into registers before this tile's math and
+//     stored to shared memory after it, so their latency overlaps the two matrix products.
 //
 // The original project's 32x32 kernel never became correct (max error 0.34-0.52). Its bug classes,
 // and how this file avoids them:
@@ -58,18 +65,35 @@ struct SharedStorage {
   float out[kBlockM][kPitch<kHeadDim, float>];      // O accumulator, unnormalised, across KV tiles
 };
 
-// Rows [first, first + kRows) of a (S, D) matrix into a tile, 16 bytes at a time; rows past
-// `seqlen` are zero-filled (never left stale: 0 * NaN would poison P·V).
+// A tile of kRows rows travels global -> registers -> shared memory in two steps, so that the
+// global loads of the *next* K/V tile can be in flight while this tile is being computed on.
+// Each thread moves kChunks 16-byte chunks; rows past `seqlen` are zero-filled (never left stale:
+// 0 * NaN would poison P·V).
 template <int kRows, int kHeadDim>
-__device__ void load_tile(__half (*tile)[kPitch<kHeadDim, __half>], const __half* base, int64_t row_stride, int first, int seqlen) {
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
-    const int row = chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (first + row < seqlen) value = *reinterpret_cast<const uint4*>(base + (first + row) * row_stride + col);
-    *reinterpret_cast<uint4*>(&tile[row][col]) = value;
+struct TileChunks {
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kChunks = kRows * kChunksPerRow / kThreads;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "tile chunks must split evenly over the threads");
+  uint4 chunk[kChunks];
+
+  __device__ void fetch(const __half* base, int64_t row_stride, int first, int seqlen) {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int index = threadIdx.x + i * kThreads;
+      const int row = index / kChunksPerRow, col = (index % kChunksPerRow) * 8;
+      chunk[i] = first + row < seqlen ? *reinterpret_cast<const uint4*>(base + (first + row) * row_stride + col)
+                                      : make_uint4(0, 0, 0, 0);
+    }
   }
-}
+
+  __device__ void store(__half (*tile)[kPitch<kHeadDim, __half>]) const {
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int index = threadIdx.x + i * kThreads;
+      *reinterpret_cast<uint4*>(&tile[index / kChunksPerRow][(index % kChunksPerRow) * 8]) = chunk[i];
+    }
+  }
+};
 
 // S = Q · Kᵀ: warp w computes the 16x16 tile at (w / 2, w % 2).
 template <int kHeadDim>
@@ -134,17 +158,26 @@ __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashPar
   const __half* k = row_ptr(static_cast<const __half*>(params.k), params.k_strides, batch, head, 0);
   const __half* v = row_ptr(static_cast<const __half*>(params.v), params.v_strides, batch, head, 0);
 
-  // Prologue: Q tile, zeroed O accumulator.
-  load_tile<kBlockM, kHeadDim>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
+  // Prologue: Q tile, zeroed O accumulator, first K/V tile in flight.
+  TileChunks<kBlockM, kHeadDim> q_chunks;
+  q_chunks.fetch(q, params.q_strides[2], q_start, params.seqlen_q);
+  q_chunks.store(smem.q_tile);
+  TileChunks<kBlockN, kHeadDim> k_next, v_next;
+  k_next.fetch(k, params.k_strides[2], 0, params.seqlen_k);
+  v_next.fetch(v, params.v_strides[2], 0, params.seqlen_k);
   for (int i = threadIdx.x; i < kBlockM * kHeadDim; i += kThreads) smem.out[i / kHeadDim][i % kHeadDim] = 0.f;
   float row_max = -FLT_MAX, row_sum = 0.f;  // identical in the 4 threads of a row's quad
 
   // Top-left causal: the last query row of this tile sees keys 0..q_start + kBlockM - 1.
   const int kv_end = params.causal ? min(params.seqlen_k, q_start + kBlockM) : params.seqlen_k;
   for (int kv_start = 0; kv_start < kv_end; kv_start += kBlockN) {
-    load_tile<kBlockN, kHeadDim>(smem.k_tile, k, params.k_strides[2], kv_start, params.seqlen_k);
-    load_tile<kBlockN, kHeadDim>(smem.v_tile, v, params.v_strides[2], kv_start, params.seqlen_k);
+    k_next.store(smem.k_tile);
+    v_next.store(smem.v_tile);
     __syncthreads();  // Q, K, V tiles (and the zeroed O) are in place
+    if (kv_start + kBlockN < kv_end) {  // next tile's loads overlap this tile's math
+      k_next.fetch(k, params.k_strides[2], kv_start + kBlockN, params.seqlen_k);
+      v_next.fetch(v, params.v_strides[2], kv_start + kBlockN, params.seqlen_k);
+    }
 
     compute_scores(smem, warp);
     __syncthreads();  // S complete
