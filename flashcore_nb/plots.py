@@ -78,3 +78,28 @@ def ladder(case: str = "mission", upto: str | None = None, gpu_slug: str = resul
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def wmma_warp_map(block_m: int = 32, block_n: int = 32, head_dim: int = 64, warps: int = 4):
+    """Which warp computes which 16x16 tile: S = Q·Kᵀ (left) and O += P·V (right), as in p03."""
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 2.8), gridspec_kw={"width_ratios": [block_n, head_dim]})
+    for ax, cols, title, owner in (
+        (left, block_n, f"S tile {block_m}x{block_n}: warp w -> (w // 2, w % 2)", lambda tm, tn: 2 * tm + tn),
+        (right, head_dim, f"O tile {block_m}x{head_dim}: warp w -> row w // 2, cols (w % 2) + 2i",
+         lambda tm, tn: 2 * tm + tn % 2),
+    ):
+        for tm in range(block_m // 16):
+            for tn in range(cols // 16):
+                warp = owner(tm, tn) % warps
+                ax.add_patch(plt.Rectangle((tn * 16, tm * 16), 16, 16, facecolor=colors[warp], alpha=0.55,
+                                           edgecolor="white", linewidth=2))
+                ax.text(tn * 16 + 8, tm * 16 + 8, f"warp {warp}", ha="center", va="center", fontsize=8)
+        ax.set_xlim(0, cols)
+        ax.set_ylim(block_m, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(0, cols + 1, 16))
+        ax.set_yticks(range(0, block_m + 1, 16))
+        ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -115,3 +115,11 @@ def provenance(record: dict) -> str:
     if is_stale(record):
         line += "  [STALE: the kernel changed since this record; re-record it]"
     return line
+
+
+def history(phase_name: str, gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> list[dict]:
+    """Earlier records of a phase (CLI outputs kept unchanged under history/ when the kernel moved on),
+    oldest first, then the current record: the steps a chapter tells."""
+    older = [json.loads(p.read_text()) for p in (root / gpu_slug / "history").glob(f"{phase_name}-*.json")]
+    current = load(phase_name, gpu_slug, root)
+    return sorted(older, key=lambda r: r["recorded_at"]) + ([current] if current else [])

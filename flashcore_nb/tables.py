@@ -44,3 +44,16 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
             raise
     row = {"arch": f"sm_{record['env']['cc']}", **record["ptxas"]}
     return pd.DataFrame([row]), "from the record (no nvcc on this machine): " + results.provenance(record)
+
+
+def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[str] | None = None) -> pd.DataFrame:
+    """GPU time per case across successive records of one phase (see results.history)."""
+    rows = []
+    for i, record in enumerate(records):
+        timed = {run["case"]: run for run in record["runs"] if run["gpu_us"] is not None}
+        row = {"step": labels[i] if labels else record["commit"][:7], "commit": record["commit"][:7]}
+        for case in cases:
+            row[f"{case} µs"] = timed[case]["gpu_us"]
+            row[f"{case} / SDPA default"] = timed[case]["gpu_us"] / baseline_us(timed[case]["baselines"], "sdpa_default")
+        rows.append(row)
+    return pd.DataFrame(rows)
