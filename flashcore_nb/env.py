@@ -31,10 +31,6 @@ class GpuInfo:
     def arch(self) -> str:
         return f"sm_{self.cc}"
 
-    @property
-    def slug(self) -> str:
-        return gpu_slug(self.name)
-
 
 def gpu_slug(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the results/ folder name)."""

@@ -53,9 +53,7 @@ def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurem
         from .binding import load
         fn = load(phase_name)
         runs = collect_runs(fn, shapes.CORRECTNESS, shapes.TIMING)
-        info = env.environment()
-        line = (f"measured live on {info['gpu']} (sm_{info['cc']}), driver {info['driver']}, "
-                f"torch {info['torch']}, CUDA {info['cuda']}")
+        line = results.environment_line(env.environment(), "measured live on")
         return Measurement(pd.DataFrame(runs), matmul_tflops(), line, None)
     record = results.load(phase_name, gpu_slug)
     if record is None:
@@ -112,13 +110,10 @@ def record_timing_methods() -> str:
 def timing_method_table(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     if env.mode() == "live":
         data = timing_methods()
-        info = env.environment()
-        line = f"measured live on {info['gpu']}, torch {info['torch']}"
+        line = results.environment_line(env.environment(), "measured live on")
     else:
         record = json.loads((RESULTS_DIR / gpu_slug / results.TIMING_METHODS_FILE).read_text())
-        data, e = record["us"], record["env"]
-        line = (f"recorded on {e['gpu']}, driver {e['driver']}, torch {e['torch']}, CUDA {e['cuda']}, "
-                f"commit {record['commit'][:10]}, {record['recorded_at'][:10]}")
+        data, line = record["us"], results.provenance(record)
     labels = {
         "events_sync_each_p50": "CUDA events around each call, sync each time (p50) — the original method",
         "events_sync_each_min": "same, minimum",

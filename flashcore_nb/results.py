@@ -107,12 +107,16 @@ def is_stale(record: dict) -> bool:
     return record["kernel_sha256"] != build.kernel_sha256(phase.kernel_file, phase.tile_params)
 
 
+def environment_line(e: dict, verb: str = "recorded on") -> str:
+    """'<verb> <GPU> (sm_XX), driver …, torch …, CUDA …': the environment beside every number."""
+    return (f"{verb} {e['gpu']} (sm_{e['cc']}), driver {e['driver']}, torch {e['torch']}, "
+            f"CUDA {e['cuda']}")
+
+
 def provenance(record: dict) -> str:
     """The line printed beside every recorded number."""
-    e = record["env"]
-    line = (f"recorded on {e['gpu']} (sm_{e['cc']}), driver {e['driver']}, torch {e['torch']}, "
-            f"CUDA {e['cuda']}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}")
-    if is_stale(record):
+    line = f"{environment_line(record['env'])}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}"
+    if record.get("phase") and is_stale(record):  # only phase records name a kernel that can change
         line += "  [STALE: the kernel changed since this record; re-record it]"
     return line
 
