@@ -56,6 +56,28 @@ _REGISTRY = [
         dtypes=("float16",),
         aligned_16b=True,
     ),
+    Phase(
+        name="p04_fp32p",
+        title="Phase 4: FP32 P and the shared-memory budget",
+        notebook="04_fp32p",
+        archs=(75, 80, 89, 90),
+        min_cc=75,
+        dtypes=("float16",),
+        aligned_16b=True,
+        # P_FP32=0 rounds P to fp16 (phase 3's numerics); PADDING_BUG=1 builds the teaching variant
+        # that reproduces the original project's padding bug — wrong on purpose.
+        tile_params={"P_FP32": 1, "PADDING_BUG": 0},
+    ),
+    Phase(
+        name="p05_tile64",
+        title="Phase 5: 64x64 tiles, buffer reuse, tile sizes as parameters",
+        notebook="05_tile64",
+        archs=(75, 80, 89, 90),
+        min_cc=75,
+        dtypes=("float16",),
+        aligned_16b=True,
+        tile_params={"BLOCK_M": 64, "BLOCK_N": 64, "NUM_WARPS": 8},
+    ),
 ]
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in _REGISTRY}
