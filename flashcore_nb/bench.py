@@ -73,12 +73,23 @@ def time_call(call, latency_calls: int) -> dict:
 
 def bench_case(fn, case: Case, dtype=torch.float16) -> dict:
     """Time a FlashCore function and every SDPA backend on the same inputs, in the same run."""
+    ours = time_ours(fn, case, dtype)
+    q, k, v = make_inputs(case, dtype, seed=1)
+    ours["baselines"] = {name: _time_sdpa(backend, q, k, v, case) for name, backend in SDPA_BACKENDS.items()}
+    return ours
+
+
+def time_ours(fn, case: Case, dtype=torch.float16) -> dict:
     q, k, v = make_inputs(case, dtype, seed=1)
     out = torch.empty_like(q)
     ours = time_call(lambda: fn(q, k, v, causal=case.causal, out=out), _latency_calls(case))
     ours["tflops"] = case.flops() / (ours["gpu_us"] * 1e-6) / 1e12
-    ours["baselines"] = {name: _time_sdpa(backend, q, k, v, case) for name, backend in SDPA_BACKENDS.items()}
     return ours
+
+
+def time_sdpa_default(case: Case, dtype=torch.float16) -> dict:
+    """SDPA with PyTorch's own backend choice, on the inputs time_ours uses."""
+    return _time_sdpa(None, *make_inputs(case, dtype, seed=1), case)
 
 
 def _latency_calls(case: Case) -> int:

@@ -80,9 +80,13 @@ def check_alignment_16b(name: str, tensor) -> None:
                          f"Call {name}.contiguous() (or use a phase without vector loads)")
 
 
+class SharedMemoryError(ValueError):
+    """The phase, with these tile sizes and this head dim, needs more shared memory than the GPU has."""
+
+
 def check_shared_memory(phase: Phase, needed: int, gpu: env.GpuInfo) -> None:
     if needed > gpu.smem_per_block_optin:
-        raise RuntimeError(
+        raise SharedMemoryError(
             f"{phase.name} with these tile sizes needs {needed} bytes of shared memory per block; "
             f"{gpu.name} allows {gpu.smem_per_block_optin} (choose smaller tiles)")
 

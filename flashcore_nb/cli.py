@@ -1,8 +1,10 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
-with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0."""
+with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
+chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
+(--phase p05_tile64), checked and timed. The last three write results/<gpu>/experiments/."""
 from __future__ import annotations
 
 import argparse
@@ -10,14 +12,15 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, results, shapes
+from . import binding, build, env, experiments, results, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .phases import PHASES, get
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
-    parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods"])
+    parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
+                                            "precision", "sweep"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -40,6 +43,15 @@ def main(argv=None) -> int:
         return 2
     if args.command == "methods":
         print("wrote", record_timing_methods())
+        return 0
+    if args.command == "precision":
+        print("wrote", experiments.record_precision(shapes.select(args.shapes, "correctness")))
+        return 0
+    if args.command == "sweep":
+        if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:
+            print(f"sweep needs --phase one of {sorted(experiments.SWEEP_GRIDS)}", file=sys.stderr)
+            return 2
+        print("wrote", experiments.record_sweep(names[0]))
         return 0
     failed = False
     for name in names:

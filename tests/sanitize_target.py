@@ -13,7 +13,7 @@ from flashcore_nb.reference import attention_fp64
 from flashcore_nb.shapes import Case
 
 CASES = [Case("s17", 1, 2, 17, 64), Case("s40_causal_d128", 1, 2, 40, 128, causal=True),
-         Case("sq_lt_sk", 1, 1, 9, 64, seqlen_k=33)]
+         Case("sq_lt_sk", 1, 1, 9, 64, seqlen_k=33), Case("s150_causal", 1, 1, 150, 64, causal=True)]
 TOLERANCE = 2e-3  # fp16 output of values of magnitude ~1
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 import flashcore_nb
 from flashcore_nb.check import check, make_inputs
 from flashcore_nb.reference import attention_fp64
-from flashcore_nb.shapes import CORRECTNESS, Case
+from flashcore_nb.shapes import CORRECTNESS, MISSION, Case
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +72,36 @@ def test_bad_inputs_raise_clear_errors_and_leave_cuda_usable(cuda, name):
             fn(*args, **kwargs)
         torch.cuda.synchronize()  # a sticky CUDA error would surface here
     assert check(fn, Case("after", 1, 2, 33, 64), torch.float16).passed, "a good call after bad ones failed"
+
+
+# Other p05 tile shapes than the default: rows per thread, threads per row and warp loops all change.
+P05_CONFIGS = [{"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 4}, {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8},
+               {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 2}, {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16}]
+
+
+@pytest.mark.parametrize("params", P05_CONFIGS, ids=lambda p: "x".join(map(str, p.values())))
+def test_p05_tile_configurations_are_correct(cuda, params):
+    fn = flashcore_nb.load("p05_tile64", **params)
+    for case in CORRECTNESS:
+        result = check(fn, case, torch.float16, seed=2)
+        assert result.unwritten == 0 and result.passed, result
+
+
+def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
+    from flashcore_nb.binding import SharedMemoryError
+    fn = flashcore_nb.load("p05_tile64", BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8)
+    q = torch.randn(1, 2, 256, 128, device=cuda, dtype=torch.float16)
+    with pytest.raises(SharedMemoryError, match="bytes of shared memory per block"):
+        fn(q, q, q)
+    torch.cuda.synchronize()
+
+
+def test_p04_precision_switch_and_teaching_variant(cuda):
+    """FP16 P is as correct as FP32 P; the reproduced padding bug is caught by the check."""
+    mission = MISSION
+    assert check(flashcore_nb.load("p04_fp32p", P_FP32=0), mission).passed
+    buggy = check(flashcore_nb.load("p04_fp32p", P_FP32=0, PADDING_BUG=1), mission)
+    assert not buggy.passed and buggy.max_abs_err > 0.1, buggy
 
 
 def test_unknown_tile_parameter_is_refused(cuda):

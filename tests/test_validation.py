@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashcore_nb
-from flashcore_nb.binding import check_device, check_shared_memory, validate_problem
+from flashcore_nb.binding import SharedMemoryError, check_device, check_shared_memory, validate_problem
 from flashcore_nb.env import GpuInfo
 from flashcore_nb.phases import PHASES, Phase
 
@@ -70,7 +70,7 @@ def test_cpu_tensors_and_non_tensors_are_refused():
 
 def test_shared_memory_limit_is_checked_before_launch():
     check_shared_memory(P01, 64 * 1024, H100)
-    with pytest.raises(RuntimeError, match="needs 100000 bytes of shared memory per block; Tesla T4 allows 65536"):
+    with pytest.raises(SharedMemoryError, match="needs 100000 bytes of shared memory per block; Tesla T4 allows 65536"):
         check_shared_memory(P01, 100_000, T4)
 
 

@@ -1,0 +1,229 @@
+"""Recorded experiments that build a phase with other -D defines: chapter 4's precision experiment
+and the tile-size sweeps (chapter 5's heatmap and widget).
+
+Each is written by the CLI on a real GPU to results/<gpu>/experiments/<name>.json with the same
+provenance as a phase record, and the sha256 of every kernel build it measured, so that a record
+whose kernel changed since reads as stale."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from . import build, env, results, shapes
+from .paths import RESULTS_DIR
+from .phases import get
+
+SCHEMA_VERSION = 1
+
+# Chapter 4: one kernel file, one variable changed at a time.
+PRECISION_PHASE = "p04_fp32p"
+PRECISION_VARIANTS = {
+    "FP16 P": {"P_FP32": 0, "PADDING_BUG": 0},
+    "FP32 P": {"P_FP32": 1, "PADDING_BUG": 0},
+    "padding bug (teaching)": {"P_FP32": 0, "PADDING_BUG": 1},
+}
+PRECISION_SEEDS = (0, 1)
+
+# Chapter 5: the tile-size grid, and the problems every configuration is checked and timed on.
+SWEEP_GRIDS = {
+    "p05_tile64": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64, 128], "NUM_WARPS": [2, 4, 8, 16]},
+}
+# Head dim 64 only: the sweep answers "which tiles for the mission shape"; budget.py says where D = 128 fits.
+SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
+SWEEP_TIMING_CASES = ("mission", "b4h16_s2048")
+
+
+def path_for(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> Path:
+    return root / gpu_slug / "experiments" / f"{name}.json"
+
+
+def sweep_name(phase_name: str) -> str:
+    return f"{phase_name}_sweep"
+
+
+def make_record(name: str, phase_name: str, builds: dict[str, dict], rows: list[dict]) -> dict:
+    """`builds`: label -> tile parameters of every kernel build the rows measured."""
+    environment = env.environment()
+    phase = get(phase_name)
+    return {
+        "schema": SCHEMA_VERSION,
+        "experiment": name,
+        "phase": phase_name,
+        "builds": {label: {"tile_params": params, "kernel_sha256": build.kernel_sha256(phase.kernel_file, params)}
+                   for label, params in builds.items()},
+        "commit": results.current_commit(),
+        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "env": {key: environment[key] for key in sorted(results.REQUIRED_ENV | {"python"})},
+        "rows": rows,
+    }
+
+
+def write(record: dict, root: Path = RESULTS_DIR) -> Path:
+    path = path_for(record["experiment"], env.gpu_slug(record["env"]["gpu"]), root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict:
+    path = path_for(name, gpu_slug, root)
+    if not path.exists():
+        raise FileNotFoundError(f"no recorded experiment {name!r} for {gpu_slug}; record it on a GPU with "
+                                f"`python -m flashcore_nb {'sweep' if name.endswith('_sweep') else 'precision'}`")
+    return json.loads(path.read_text())
+
+
+def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
+    return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/experiments/*.json"))]
+
+
+def stale_builds(record: dict) -> list[str]:
+    """Labels of the builds whose kernel source, headers or defines changed since the record."""
+    kernel_file = get(record["phase"]).kernel_file
+    return [label for label, b in record["builds"].items()
+            if b["kernel_sha256"] != build.kernel_sha256(kernel_file, b["tile_params"])]
+
+
+def provenance(record: dict) -> str:
+    line = f"{results.environment_line(record['env'])}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}"
+    if stale_builds(record):
+        line += "  [STALE: a kernel changed since this record; re-record it]"
+    return line
+
+
+# --- chapter 4: FP16 P / FP32 P / the padding bug, measured -----------------------------------------
+
+def run_precision(cases: list[shapes.Case]) -> list[dict]:
+    """Max error vs float64 of every variant on every case and seed, SDPA's beside it (fp16)."""
+    import torch
+
+    from .binding import load as load_phase
+    from .check import check
+    rows = []
+    for label, defines in PRECISION_VARIANTS.items():
+        fn = load_phase(PRECISION_PHASE, **defines)
+        for case in cases:
+            for seed in PRECISION_SEEDS:
+                result = check(fn, case, torch.float16, seed=seed)
+                rows.append({"variant": label, "case": case.name, "shape": case.label(), "seed": seed,
+                             "max_abs_err": result.max_abs_err, "sdpa_max_abs_err": result.sdpa_max_abs_err,
+                             "unwritten": result.unwritten, "passed": result.passed})
+    return rows
+
+
+def record_precision(cases: list[shapes.Case]) -> Path:
+    rows = run_precision(cases)
+    return write(make_record("p04_precision", PRECISION_PHASE, PRECISION_VARIANTS, rows))
+
+
+def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
+    """Live on a GPU (the correctness suite), else the record."""
+    if env.mode() == "live":
+        rows = run_precision(shapes.CORRECTNESS)
+        return pd.DataFrame(rows), results.environment_line(env.environment(), "measured live on")
+    record = load("p04_precision", gpu_slug)
+    return pd.DataFrame(record["rows"]), provenance(record)
+
+
+# --- tile-size sweeps --------------------------------------------------------------------------------
+
+def grid_configs(phase_name: str) -> list[dict]:
+    grid = SWEEP_GRIDS[phase_name]
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def config_label(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _prebuild(args) -> str | None:
+    phase_name, cc, params = args
+    try:
+        build.build_extension(phase_name, cc, params, progress=False)
+    except build.CompileError as error:
+        return str(error)
+    return None
+
+
+def compile_message(log: str) -> str:
+    """The static_assert text the compiler printed, or the first error line."""
+    found = re.search(r'static assertion failed with "([^"]+)"', log)
+    if found:
+        return found.group(1)
+    errors = [line.strip() for line in log.splitlines() if "error" in line]
+    return errors[0] if errors else log.strip().splitlines()[-1]
+
+
+def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
+    """Compile every configuration in parallel worker processes (the compiler is single-threaded);
+    returns label -> compiler message for those that do not compile."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    workers = max(1, min(len(configs), (os.cpu_count() or 2) // 2))
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        outcomes = pool.map(_prebuild, [(phase_name, cc, params) for params in configs])
+        return {config_label(p): compile_message(log) for p, log in zip(configs, outcomes) if log}
+
+
+def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, sdpa_us: dict) -> dict:
+    """Check and time one configuration already known to compile."""
+    import torch
+
+    from .bench import time_ours
+    from .binding import SharedMemoryError, load as load_phase
+    from .check import check
+    fn = load_phase(phase_name, **params)
+    row = {**params, "status": "ok", "message": "", "registers": fn.build.ptxas.registers,
+           "spill_bytes": fn.build.ptxas.spill_stores + fn.build.ptxas.spill_loads}
+    try:
+        failed = [case.name for case in check_cases if not check(fn, case, torch.float16).passed]
+    except SharedMemoryError as error:
+        return {**row, "status": "too much shared memory", "message": str(error)}
+    if failed:
+        return {**row, "status": "incorrect", "message": f"failed on {', '.join(failed)}"}
+    for case in timing_cases:
+        ours = time_ours(fn, case)["gpu_us"]
+        row[f"{case.name}_us"] = ours
+        row[f"{case.name}_vs_sdpa"] = ours / sdpa_us[case.name]
+    return row
+
+
+def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print) -> tuple[list[dict], dict]:
+    from .bench import time_sdpa_default
+    configs = configs or grid_configs(phase_name)
+    check_cases = shapes.select(",".join(SWEEP_CHECK_CASES))
+    timing_cases = shapes.select(",".join(SWEEP_TIMING_CASES))
+    failures = prebuild_all(phase_name, configs, env.gpu().cc)
+    sdpa_us = {case.name: time_sdpa_default(case)["gpu_us"] for case in timing_cases}
+    rows = []
+    for params in configs:
+        label = config_label(params)
+        if label in failures:
+            row = {**params, "status": "does not compile", "message": failures[label]}
+        else:
+            row = run_sweep_config(phase_name, params, check_cases, timing_cases, sdpa_us)
+        progress(f"{label}: {row['status']} {row.get('mission_us', '')}")
+        rows.append(row)
+    return rows, {f"sdpa_{name}_us": us for name, us in sdpa_us.items()}
+
+
+def record_sweep(phase_name: str) -> Path:
+    configs = grid_configs(phase_name)
+    rows, sdpa = run_sweep(phase_name, configs)
+    record = make_record(sweep_name(phase_name), phase_name, {config_label(p): p for p in configs}, rows)
+    record["sdpa"] = sdpa
+    return write(record)
+
+
+def sweep_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
+    """The recorded sweep (sweeps are minutes of compiling, so chapters replay them even on a GPU;
+    the widget measures single configurations live)."""
+    record = load(sweep_name(phase_name), gpu_slug)
+    return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)
