@@ -1,16 +1,22 @@
-"""Figures: speed beside SDPA, errors beside SDPA's, and the ladder across phases."""
+"""Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, shared-memory budgets."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 import pandas as pd
 
-from . import results
+from . import budget, results
 from .bench import SDPA_BACKENDS, baseline_us
 from .phases import PHASES
 
 SDPA_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
                "sdpa_cudnn": "#2ca02c"}
+# One colour per shared-memory buffer, the same in every figure of the book.
+BUFFER_COLORS = {"Q tile": "#1f77b4", "K tile": "#ff7f0e", "V tile": "#2ca02c", "S (fp32)": "#d62728",
+                 "P (fp16)": "#9467bd", "P lo (fp16)": "#c5b0d5", "S then P (fp32 / fp16)": "#e377c2",
+                 "O accumulator (fp32)": "#8c564b"}
 
 
 def speed(runs: pd.DataFrame, label: str, provenance: str):
@@ -101,5 +107,40 @@ def wmma_warp_map(block_m: int = 32, block_n: int = 32, head_dim: int = 64, warp
         ax.set_xticks(range(0, cols + 1, 16))
         ax.set_yticks(range(0, block_m + 1, 16))
         ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def smem_budget(configs, gpus=tuple(budget.GPUS.values())):
+    """Shared memory per CTA, one stacked bar per (label, phase, head_dim, tile_params) config (extra
+    trailing items are ignored, so the occupancy table's configs work too), against the 48 KB static
+    limit and each GPU's opt-in limit per block."""
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(configs) + 1.8))
+    labels, totals, drawn = [], [], set()
+    for y, (label, phase_name, head_dim, tile_params, *_) in enumerate(configs):
+        left = 0.0
+        for buffer in budget.smem_buffers(phase_name, head_dim, tile_params):
+            kb = buffer.bytes / 1024
+            ax.barh(y, kb, left=left, color=BUFFER_COLORS[buffer.name], edgecolor="white")
+            drawn.add(buffer.name)
+            left += kb
+        ax.text(left, y, f" {left:.1f} KB", va="center", fontsize=8)
+        labels.append(label)
+        totals.append(left)
+    static = dict(color="#444444", linestyle="--", linewidth=1)
+    ax.axvline(budget.STATIC_SMEM_LIMIT / 1024, **static)
+    for gpu in gpus:
+        x = gpu.smem_per_block_optin / 1024
+        ax.axvline(x, color="#999999", linestyle=":", linewidth=1)
+        ax.text(x, 1.01, gpu.name, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8)
+    limits = [budget.STATIC_SMEM_LIMIT / 1024, *(gpu.smem_per_block_optin / 1024 for gpu in gpus)]
+    ax.set_xlim(0, 1.12 * max(*totals, *limits))
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("shared memory per CTA (KB); dotted: the most one block may opt in to on each GPU")
+    # legend in the fixed buffer order, whatever order the configs met them in
+    handles = [Patch(color=color, label=name) for name, color in BUFFER_COLORS.items() if name in drawn]
+    handles.append(Line2D([], [], label="static __shared__ limit (48 KB)", **static))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig

@@ -1,9 +1,9 @@
-"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch."""
+"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU."""
 from __future__ import annotations
 
 import pandas as pd
 
-from . import build, results
+from . import budget, build, results
 from .bench import SDPA_BACKENDS, baseline_us
 from .phases import get
 
@@ -55,5 +55,22 @@ def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[st
         for case in cases:
             row[f"{case} µs"] = timed[case]["gpu_us"]
             row[f"{case} / SDPA default"] = timed[case]["gpu_us"] / baseline_us(timed[case]["baselines"], "sdpa_default")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
+    """Blocks per SM, occupancy and its limiter on each GPU, one row per (label, phase, head_dim,
+    tile_params, registers) config; registers per thread come from the caller (ptxas records)."""
+    rows = []
+    for label, phase_name, head_dim, tile_params, registers in configs:
+        threads = budget.threads_per_block(phase_name, tile_params)
+        smem = budget.smem_bytes(phase_name, head_dim, tile_params)
+        row = {"config": label, "threads": threads, "registers": registers, "smem KB": smem / 1024}
+        for gpu in gpus:
+            occ = budget.occupancy(gpu, threads, registers, smem)
+            row[f"{gpu.name} blocks/SM"] = occ.blocks_per_sm
+            row[f"{gpu.name} occupancy %"] = 100.0 * occ.occupancy
+            row[f"{gpu.name} limiter"] = occ.limiter if occ.fits else f"does not fit ({occ.limiter})"
         rows.append(row)
     return pd.DataFrame(rows)

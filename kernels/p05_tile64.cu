@@ -17,7 +17,7 @@
 //     same thing to the compiler with no barrier, and nothing that checks the order.
 //
 // Everything is in one dynamic shared-memory buffer sized by sizeof(SharedStorage): 64x64 at
-// D = 64 needs 60 KB, past the 48 KB static limit; 128x128 at D = 128 needs more than any GPU has,
+// D = 64 needs 61 KB, past the 48 KB static limit; 128x128 at D = 128 needs more than any GPU has,
 // and the binding says so before launch.
 //
 // Knowingly does not support: bf16 (WMMA bf16 needs sm_80; phase 7 adds it); head dims other

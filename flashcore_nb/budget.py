@@ -1,0 +1,154 @@
+"""Shared memory per CTA, buffer by buffer, and the occupancy it allows: arithmetic, no GPU needed.
+
+`smem_buffers` mirrors each kernel's `SharedStorage` struct field by field; tests/test_budget.py
+compiles the kernels and checks the sum against their own sizeof (flashcore_smem_bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .phases import get
+
+STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
+WARP = 32
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    name: str
+    cc: int                             # compute capability as one number: 9.0 -> 90
+    sm_count: int
+    smem_per_sm: int                    # bytes all resident blocks of one SM can share
+    smem_per_block_optin: int           # the most one block may ask for, after opting in past 48 KB
+    smem_reserved_per_block: int        # taken by the CUDA runtime from every block, on top of its own
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    registers_per_sm: int = 64 * 1024
+    max_registers_per_thread: int = 255
+    register_alloc_unit: int = 256      # registers are given to a warp in chunks of this many
+
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.max_threads_per_sm // WARP
+
+
+# Limits per compute capability from the CUDA C++ Programming Guide's compute-capability tables
+# (KB = 1024 bytes), the 1 KB reserved per block on sm_80+ as CCCL's cuda::arch_traits encodes it,
+# the register allocation unit from NVIDIA's occupancy calculator; SM counts are per product.
+GPUS: dict[str, GpuLimits] = {
+    gpu.name: gpu
+    for gpu in (
+        GpuLimits("T4", 75, sm_count=40, smem_per_sm=64 * 1024, smem_per_block_optin=64 * 1024,
+                  smem_reserved_per_block=0, max_threads_per_sm=1024, max_blocks_per_sm=16),
+        GpuLimits("L4", 89, sm_count=58, smem_per_sm=100 * 1024, smem_per_block_optin=99 * 1024,
+                  smem_reserved_per_block=1024, max_threads_per_sm=1536, max_blocks_per_sm=24),
+        GpuLimits("A100", 80, sm_count=108, smem_per_sm=164 * 1024, smem_per_block_optin=163 * 1024,
+                  smem_reserved_per_block=1024, max_threads_per_sm=2048, max_blocks_per_sm=32),
+        GpuLimits("H100", 90, sm_count=132, smem_per_sm=228 * 1024, smem_per_block_optin=227 * 1024,
+                  smem_reserved_per_block=1024, max_threads_per_sm=2048, max_blocks_per_sm=32),
+    )
+}
+
+
+# --- occupancy ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Occupancy:
+    blocks_per_sm: int
+    limiter: str            # "threads", "registers", "shared memory" or "blocks"; if not fits, what does not fit
+    active_warps: int
+    occupancy: float        # active warps / the SM's maximum
+    fits: bool              # False: the block cannot be launched on this GPU at all
+
+
+def occupancy(gpu: GpuLimits, threads_per_block: int, registers_per_thread: int, smem_bytes: int) -> Occupancy:
+    """Resident blocks per SM, by the occupancy calculator's rules (per SM, not per SM partition).
+
+    On a tie the limiter named is the first of threads, registers, shared memory, blocks."""
+    if not 0 < threads_per_block <= 1024 or registers_per_thread < 1 or smem_bytes < 0:
+        raise ValueError(f"invalid block: {threads_per_block} threads, {registers_per_thread} registers, "
+                         f"{smem_bytes} B shared memory")
+    if registers_per_thread > gpu.max_registers_per_thread:
+        return Occupancy(0, "registers", 0, 0.0, fits=False)
+    if smem_bytes > gpu.smem_per_block_optin:
+        return Occupancy(0, "shared memory", 0, 0.0, fits=False)
+    warps = -(-threads_per_block // WARP)
+    unit = gpu.register_alloc_unit
+    registers_per_warp = -(-registers_per_thread * WARP // unit) * unit
+    smem_per_block = smem_bytes + gpu.smem_reserved_per_block
+    limits = {
+        "threads": gpu.max_warps_per_sm // warps,
+        "registers": gpu.registers_per_sm // (registers_per_warp * warps),
+        # 0 bytes on a GPU that reserves none: shared memory sets no limit
+        "shared memory": gpu.smem_per_sm // smem_per_block if smem_per_block else gpu.max_blocks_per_sm,
+        "blocks": gpu.max_blocks_per_sm,
+    }
+    limiter = min(limits, key=limits.get)
+    blocks = limits[limiter]
+    return Occupancy(blocks, limiter, blocks * warps, blocks * warps / gpu.max_warps_per_sm, fits=True)
+
+
+# --- the shared-memory budget of each phase -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    rows: int
+    pitch: int              # elements per row, padding included
+    element_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.pitch * self.element_bytes
+
+
+def _pitch(cols: int, element_bytes: int) -> int:
+    # Every kernel pads each row by 16 bytes against bank conflicts: kPitch<kCols, T> = kCols + 16 / sizeof(T)
+    return cols + 16 // element_bytes
+
+
+def _tiles(block_m: int, block_n: int, head_dim: int) -> list[Buffer]:
+    return [Buffer(name, rows, _pitch(head_dim, 2), 2)
+            for name, rows in (("Q tile", block_m), ("K tile", block_n), ("V tile", block_n))]
+
+
+def _accumulator(block_m: int, head_dim: int) -> Buffer:
+    return Buffer("O accumulator (fp32)", block_m, _pitch(head_dim, 4), 4)
+
+
+def _params(phase_name: str, tile_params: dict | None) -> dict:
+    return {**get(phase_name).tile_params, **(tile_params or {})}
+
+
+def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None) -> list[Buffer]:
+    """The phase's SharedStorage, field by field in declaration order; tile_params override the
+    registry defaults."""
+    params = _params(phase_name, tile_params)
+    if phase_name in ("p03_wmma", "p04_fp32p"):
+        m = n = 32
+        # p04 with P_FP32=1 keeps P as two fp16 planes, hi (P itself) and lo (the rounding error)
+        two_planes = phase_name == "p04_fp32p" and params["P_FP32"]
+        planes = ("P (fp16)", "P lo (fp16)") if two_planes else ("P (fp16)",)
+        return [*_tiles(m, n, head_dim), Buffer("S (fp32)", m, _pitch(n, 4), 4),
+                *(Buffer(name, m, _pitch(n, 2), 2) for name in planes), _accumulator(m, head_dim)]
+    if phase_name == "p05_tile64":
+        m, n = params["BLOCK_M"], params["BLOCK_N"]
+        # P (fp16) is written over S (fp32) in the same bytes: one buffer with two lives
+        return [*_tiles(m, n, head_dim), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
+                _accumulator(m, head_dim)]
+    raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: p03_wmma, p04_fp32p, p05_tile64)")
+
+
+def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None) -> int:
+    # A plain sum equals sizeof(SharedStorage): every field is a multiple of 4 bytes long, the
+    # struct's alignment, so there is no padding between fields or at the end.
+    return sum(buffer.bytes for buffer in smem_buffers(phase_name, head_dim, tile_params))
+
+
+def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
+    params = _params(phase_name, tile_params)
+    if phase_name in ("p03_wmma", "p04_fp32p"):
+        return 4 * WARP
+    if phase_name == "p05_tile64":
+        return params["NUM_WARPS"] * WARP
+    raise ValueError(f"no block size for {phase_name!r} here (known: p03_wmma, p04_fp32p, p05_tile64)")
