@@ -1,0 +1,88 @@
+"""Recorded experiments (chapter 4's precision experiment, chapter 5's tile sweep) and the CPU model."""
+import shutil
+
+import pytest
+import torch
+
+from flashcore_nb import build, experiments, phases, results, simulate
+from flashcore_nb.paths import KERNELS_DIR
+from flashcore_nb.shapes import MISSION, Case
+
+RECORDS = experiments.all_records()
+
+
+def test_the_book_gpu_has_both_experiments():
+    names = {record["experiment"] for _, record in RECORDS}
+    assert {"p04_precision", "p05_tile64_sweep"} <= names
+
+
+@pytest.mark.parametrize("path,record", RECORDS, ids=[p.name for p, _ in RECORDS])
+def test_experiment_records_are_current_and_complete(path, record):
+    assert path == experiments.path_for(record["experiment"], results.env.gpu_slug(record["env"]["gpu"]),
+                                        path.parents[2])
+    assert len(record["commit"]) == 40 and results.REQUIRED_ENV <= set(record["env"])
+    assert experiments.stale_builds(record) == [], f"{path}: re-record it, the kernel changed"
+    assert record["rows"]
+
+
+def test_precision_record_supports_one_hypothesis():
+    rows = experiments.load("p04_precision")["rows"]
+    by_variant = {label: [r for r in rows if r["variant"] == label] for label in experiments.PRECISION_VARIANTS}
+    assert all(r["passed"] for r in by_variant["FP16 P"] + by_variant["FP32 P"])
+    mission_bug = [r["max_abs_err"] for r in by_variant["padding bug (teaching)"] if r["case"] == "mission"]
+    assert mission_bug and all(0.3 <= e <= 0.7 for e in mission_bug)
+
+
+def test_sweep_record_covers_the_grid():
+    record = experiments.load("p05_tile64_sweep")
+    assert [{k: r[k] for k in ("BLOCK_M", "BLOCK_N", "NUM_WARPS")} for r in record["rows"]] == \
+        experiments.grid_configs("p05_tile64")
+    for row in record["rows"]:
+        if row["status"] == "ok":
+            assert row["mission_us"] > 0 and row["b4h16_s2048_us"] > 0
+        else:
+            assert row["status"] == "does not compile" and "NUM_WARPS" in row["message"]
+    assert record["sdpa"]["sdpa_mission_us"] > 0
+
+
+def test_a_changed_kernel_makes_an_experiment_stale(tmp_path, monkeypatch):
+    record = experiments.load("p04_precision")
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR, kernels)
+    monkeypatch.setattr(phases, "KERNELS_DIR", kernels)
+    monkeypatch.setattr(build, "KERNELS_DIR", kernels)
+    assert experiments.stale_builds(record) == []
+    source = kernels / "p04_fp32p.cu"
+    source.write_text(source.read_text() + "\n// an edit\n")
+    assert sorted(experiments.stale_builds(record)) == sorted(experiments.PRECISION_VARIANTS)
+    assert "STALE" in experiments.provenance(record)
+
+
+def test_compile_message_is_the_static_assert_text():
+    log = ('kernels/p05_tile64.cu(52): error: static assertion failed with "NUM_WARPS * 32 must be a '
+           'multiple of BLOCK_M"\nkernels/p05_tile64.cu(59): error: right operand of "%" is zero\n')
+    assert experiments.compile_message(log) == "NUM_WARPS * 32 must be a multiple of BLOCK_M"
+    assert experiments.compile_message("x.cu(1): error: something else\n") == "x.cu(1): error: something else"
+
+
+def test_wrong_stride_pad_mask_hits_real_rows():
+    mask = simulate.wrong_stride_pad_mask(32, 64)   # pitch 72: zeroes from flat index 2048 = row 28, col 32
+    assert not mask[:28].any() and not mask[28, :32].any() and mask[28, 32:].all() and mask[29:].all()
+    one_row = simulate.wrong_stride_pad_mask(1, 64)          # S = 1: only rows past the data are hit
+    assert not one_row[0].any() and one_row[1:].all()
+    assert mask.shape == (32, 64)
+
+
+def test_model_reproduces_both_outcomes():
+    table = simulate.precision_table([MISSION], seeds=(0,))
+    err = dict(zip(table.variant, table.max_abs_err))
+    assert err["FP16 P"] < 5e-4 and err["FP32 P"] < 5e-4
+    assert 0.3 <= err["padding bug (teaching)"] <= 0.7
+
+
+def test_model_without_bug_matches_exact_attention_on_ragged_lengths():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, s, 64, generator=gen).half() for s in (45, 70, 70))
+    expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8, -1) @ v.double()
+    out = simulate.tiled_attention(q, k, v, p_fp32=True)
+    assert out.shape == q.shape and (out.double() - expected).abs().max() < 2e-3
