@@ -152,3 +152,9 @@ def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
     if phase_name == "p05_tile64":
         return params["NUM_WARPS"] * WARP
     raise ValueError(f"no block size for {phase_name!r} here (known: p03_wmma, p04_fp32p, p05_tile64)")
+
+
+def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:
+    """How many rounds of resident CTAs the grid needs: below 1 part of the GPU idles, and just
+    above a whole number the last round runs a few CTAs on an otherwise empty GPU."""
+    return ctas / (occ.blocks_per_sm * gpu.sm_count) if occ.fits else float("inf")

@@ -144,3 +144,87 @@ def smem_budget(configs, gpus=tuple(budget.GPUS.values())):
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+PRECISION_COLORS = {"FP16 P": "#1f77b4", "FP32 P": "#2ca02c", "padding bug (teaching)": "#d62728"}
+
+
+def precision(rows: pd.DataFrame, title: str):
+    """Chapter 4's experiment: max error per case for each variant (worst seed), SDPA's beside it."""
+    worst = rows.groupby(["case", "variant"], sort=False)["max_abs_err"].max().unstack()
+    cases = list(dict.fromkeys(rows["case"]))
+    worst = worst.loc[cases]
+    sdpa = rows.groupby("case", sort=False)["sdpa_max_abs_err"].max().loc[cases] if "sdpa_max_abs_err" in rows else None
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(cases))
+    width = 0.8 / len(worst.columns)
+    for i, variant in enumerate(worst.columns):
+        ax.bar(x + i * width, worst[variant].clip(lower=1e-6), width, label=variant,
+               color=PRECISION_COLORS.get(variant, "#7f7f7f"))
+    if sdpa is not None:
+        ax.scatter(x + width * (len(worst.columns) - 1) / 2, sdpa.clip(lower=1e-6), color="#444444", zorder=3,
+                   marker="_", s=200, label="SDPA fp16, same inputs")
+    ax.set_xticks(x + width * (len(worst.columns) - 1) / 2, cases, rotation=40, fontsize=7, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("max |O - O_fp64| (worst seed)")
+    ax.legend(fontsize=8, ncol=4)
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_heatmap(sweep: pd.DataFrame, sdpa: dict, case: str = "mission", title: str = ""):
+    """One panel per NUM_WARPS: GPU time at `case` for every BLOCK_M x BLOCK_N, as a multiple of SDPA
+    (colour) and in µs (text); configurations that do not compile are marked."""
+    warps = sorted(sweep["NUM_WARPS"].unique())
+    rows, cols = sorted(sweep["BLOCK_M"].unique()), sorted(sweep["BLOCK_N"].unique())
+    ok = sweep[sweep["status"] == "ok"]
+    ratios = ok[f"{case}_vs_sdpa"]
+    norm = plt.matplotlib.colors.LogNorm(vmin=ratios.min(), vmax=ratios.max())
+    fig, axes = plt.subplots(1, len(warps), figsize=(2.6 * len(warps) + 1, 3.2), sharey=True)
+    for ax, w in zip(np.atleast_1d(axes), warps):
+        grid = np.full((len(rows), len(cols)), np.nan)
+        for _, r in sweep[sweep["NUM_WARPS"] == w].iterrows():
+            i, j = rows.index(r["BLOCK_M"]), cols.index(r["BLOCK_N"])
+            if r["status"] == "ok":
+                grid[i, j] = r[f"{case}_vs_sdpa"]
+                ax.text(j, i, f"{r[f'{case}_us']:.0f} µs\n{r[f'{case}_vs_sdpa']:.1f}x", ha="center", va="center",
+                        fontsize=7)
+            else:
+                ax.text(j, i, "does not\ncompile", ha="center", va="center", fontsize=7, color="#777777")
+        image = ax.imshow(grid, cmap="RdYlGn_r", norm=norm)
+        ax.set_xticks(range(len(cols)), cols)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set_xlabel("BLOCK_N")
+        ax.set_title(f"NUM_WARPS = {w}", fontsize=9)
+    np.atleast_1d(axes)[0].set_ylabel("BLOCK_M")
+    bar = fig.colorbar(image, ax=axes, label=f"{case}: time / SDPA (same run)", shrink=0.8)
+    bar.ax.yaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    bar.ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    fig.suptitle(f"{case} ({sdpa[f'sdpa_{case}_us']:.1f} µs for SDPA)   {title}", fontsize=7)
+    return fig
+
+
+def warp_loop_map(block_m: int, block_n: int, head_dim: int, warps: int):
+    """p05's split of the work: warp w takes 16x16 tiles w, w + warps, ... in row-major order, of S
+    (left) and of O (right)."""
+    colors = plt.get_cmap("tab20").colors
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.06 * block_m + 1.6),
+                             gridspec_kw={"width_ratios": [block_n, head_dim]})
+    for ax, cols, name in ((axes[0], block_n, f"S {block_m}x{block_n}"), (axes[1], head_dim, f"O {block_m}x{head_dim}")):
+        tiles_n = cols // 16
+        for tm in range(block_m // 16):
+            for tn in range(tiles_n):
+                warp = (tm * tiles_n + tn) % warps
+                ax.add_patch(plt.Rectangle((tn * 16, tm * 16), 16, 16, facecolor=colors[warp % 20], alpha=0.6,
+                                           edgecolor="white", linewidth=1.5))
+                ax.text(tn * 16 + 8, tm * 16 + 8, str(warp), ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, cols)
+        ax.set_ylim(block_m, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks(range(0, cols + 1, 16))
+        ax.set_yticks(range(0, block_m + 1, 16))
+        ax.tick_params(labelsize=7)
+        ax.set_title(f"{name}: the number is the warp ({warps} warps)", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -49,8 +49,10 @@ def _tiles(x: torch.Tensor, padding_bug: bool) -> torch.Tensor:
     return tiles
 
 
-def tiled_attention(q, k, v, p_fp32: bool = False, padding_bug: bool = False) -> torch.Tensor:
-    """Non-causal attention of fp16 (B, H, S, D) CPU tensors as the 32x32 kernel computes it."""
+def tiled_attention(q, k, v, p_fp32: bool = False, padding_bug: bool = False,
+                    round_output: bool = True) -> torch.Tensor:
+    """Non-causal attention of fp16 (B, H, S, D) CPU tensors as the 32x32 kernel computes it
+    (round_output=False returns the fp32 result before the final rounding to fp16)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     sq, sk = q.shape[2], k.shape[2]
     q_tiles = _tiles(q.float(), padding_bug)                    # (B, H, Tq, BLOCK, D)
@@ -72,7 +74,25 @@ def tiled_attention(q, k, v, p_fp32: bool = False, padding_bug: bool = False) ->
         out = out * correction + p_used @ v_tiles[:, :, t, None]
         row_max = new_max
     out = (out / row_sum).flatten(2, 3)[:, :, :sq]
-    return out.half()
+    return out.half() if round_output else out
+
+
+def error_sources(case: Case, seed: int = 0) -> pd.DataFrame:
+    """Split the kernel's error into its sources: rounding P to fp16 alone, rounding the output to
+    fp16 alone, and both (max |error| vs float64)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*case.shape[:3], case.head_dim, generator=gen).half() for _ in range(3))
+    reference = attention_fp64(q, k, v)
+
+    def err(out):
+        return float((out.double() - reference).abs().max())
+    return pd.DataFrame([
+        {"source": "fp32 arithmetic only (P and output kept in fp32)",
+         "max_abs_err": err(tiled_attention(q, k, v, p_fp32=True, round_output=False))},
+        {"source": "+ P rounded to fp16", "max_abs_err": err(tiled_attention(q, k, v, round_output=False))},
+        {"source": "+ output rounded to fp16 (P in fp32)", "max_abs_err": err(tiled_attention(q, k, v, p_fp32=True))},
+        {"source": "both: what phase 3 does", "max_abs_err": err(tiled_attention(q, k, v))},
+    ])
 
 
 def precision_table(cases: list[Case], seeds=(0, 1)) -> pd.DataFrame:

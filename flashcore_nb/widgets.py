@@ -1,0 +1,91 @@
+"""The tile explorer: pick BLOCK_M, BLOCK_N and NUM_WARPS for a phase and see what they cost.
+
+Everywhere: shared memory, occupancy and waves per GPU (budget.py, pure arithmetic). On a GPU
+(live mode) the button compiles that configuration (cached per configuration, with compile
+progress), checks it and times it beside SDPA in the same run. Without one it shows the
+configuration's row of the recorded sweep."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from . import budget, env, experiments, shapes
+
+CASE = shapes.MISSION
+
+
+def calculator(phase_name: str, params: dict, registers: int, head_dim: int = CASE.head_dim,
+               case: shapes.Case = CASE) -> pd.DataFrame:
+    """Per GPU: does the CTA fit, how many are resident per SM, and how many waves `case` takes."""
+    threads = budget.threads_per_block(phase_name, params)
+    smem = budget.smem_bytes(phase_name, head_dim, params)
+    ctas = math.ceil(case.seqlen_q / params["BLOCK_M"]) * case.heads * case.batch
+    rows = []
+    for gpu in budget.GPUS.values():
+        occ = budget.occupancy(gpu, threads, registers, smem)
+        rows.append({"GPU": gpu.name, "smem KB": smem / 1024, "fits": occ.fits, "CTAs/SM": occ.blocks_per_sm,
+                     "occupancy %": 100 * occ.occupancy, "limiter": occ.limiter,
+                     f"CTAs ({case.name})": ctas, "waves": budget.waves(gpu, occ, ctas)})
+    return pd.DataFrame(rows)
+
+
+def recorded_row(sweep: pd.DataFrame, params: dict) -> pd.Series:
+    match = sweep
+    for key, value in params.items():
+        match = match[match[key] == value]
+    return match.iloc[0]
+
+
+def tile_explorer(phase_name: str = "p05_tile64"):
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    grid = experiments.SWEEP_GRIDS[phase_name]
+    sweep, sdpa, provenance = experiments.sweep_runs(phase_name)
+    pickers = {key: widgets.Dropdown(options=values, value=values[len(values) // 2], description=key)
+               for key, values in grid.items()}
+    live = env.mode() == "live"
+    button = widgets.Button(description="compile, check and time", disabled=not live)
+    output = widgets.Output()
+
+    def params():
+        return {key: picker.value for key, picker in pickers.items()}
+
+    def show_recorded(_=None):
+        output.clear_output()
+        with output:
+            row = recorded_row(sweep, params())
+            if row["status"] != "ok":
+                print(f"{row['status']}: {row['message']}")
+                return
+            print(f"recorded: {CASE.name} {row['mission_us']:.1f} µs = {row['mission_vs_sdpa']:.2f}x SDPA "
+                  f"({sdpa['sdpa_mission_us']:.1f} µs); b4h16_s2048 {row['b4h16_s2048_us']:.0f} µs = "
+                  f"{row['b4h16_s2048_vs_sdpa']:.2f}x SDPA; {row['registers']:.0f} registers")
+            print(provenance)
+            display(calculator(phase_name, params(), int(row["registers"])).round(2))
+
+    def measure(_):
+        from .bench import time_ours, time_sdpa_default
+        from .binding import load
+        from .build import CompileError
+        from .check import check
+        output.clear_output()
+        with output:
+            try:
+                fn = load(phase_name, **params())   # prints compile progress on a cold build
+            except CompileError as error:
+                print(experiments.compile_message(str(error)))
+                return
+            result = check(fn, CASE)
+            ours, sdpa_now = time_ours(fn, CASE)["gpu_us"], time_sdpa_default(CASE)["gpu_us"]
+            print(f"measured live: {CASE.name} {ours:.1f} µs = {ours / sdpa_now:.2f}x SDPA ({sdpa_now:.1f} µs); "
+                  f"max error {result.max_abs_err:.1e} ({'correct' if result.passed else 'WRONG'}); "
+                  f"{fn.build.ptxas.registers} registers")
+            display(calculator(phase_name, params(), fn.build.ptxas.registers).round(2))
+
+    for picker in pickers.values():
+        picker.observe(show_recorded, names="value")
+    button.on_click(measure)
+    show_recorded()
+    return widgets.VBox([widgets.HBox(list(pickers.values())), button, output])
