@@ -37,6 +37,34 @@ def recorded_row(sweep: pd.DataFrame, params: dict) -> pd.Series:
     return match.iloc[0]
 
 
+def recorded_summary(sweep: pd.DataFrame, sdpa: dict, params: dict) -> str:
+    """One configuration's row of the recorded sweep, in words."""
+    row = recorded_row(sweep, params)
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['message']}"
+    return (f"recorded: {CASE.name} {row['mission_us']:.1f} µs = {row['mission_vs_sdpa']:.2f}x SDPA "
+            f"({sdpa['sdpa_mission_us']:.1f} µs); b4h16_s2048 {row['b4h16_s2048_us']:.0f} µs = "
+            f"{row['b4h16_s2048_vs_sdpa']:.2f}x SDPA; {row['registers']:.0f} registers")
+
+
+def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
+    """Compile (or load from cache) one configuration, check it and time it beside SDPA on this GPU.
+    Returns the summary and its register count (None when it does not compile)."""
+    from .bench import time_ours, time_sdpa_default
+    from .binding import load
+    from .build import CompileError
+    from .check import check
+    try:
+        fn = load(phase_name, **params)   # prints compile progress on a cold build
+    except CompileError as error:
+        return experiments.compile_message(str(error)), None
+    result = check(fn, CASE)
+    ours, sdpa_now = time_ours(fn, CASE)["gpu_us"], time_sdpa_default(CASE)["gpu_us"]
+    return (f"measured live: {CASE.name} {ours:.1f} µs = {ours / sdpa_now:.2f}x SDPA ({sdpa_now:.1f} µs); "
+            f"max error {result.max_abs_err:.1e} ({'correct' if result.passed else 'WRONG'}); "
+            f"{fn.build.ptxas.registers} registers"), fn.build.ptxas.registers
+
+
 def tile_explorer(phase_name: str = "p05_tile64"):
     import ipywidgets as widgets
     from IPython.display import display
@@ -45,8 +73,7 @@ def tile_explorer(phase_name: str = "p05_tile64"):
     sweep, sdpa, provenance = experiments.sweep_runs(phase_name)
     pickers = {key: widgets.Dropdown(options=values, value=values[len(values) // 2], description=key)
                for key, values in grid.items()}
-    live = env.mode() == "live"
-    button = widgets.Button(description="compile, check and time", disabled=not live)
+    button = widgets.Button(description="compile, check and time", disabled=env.mode() != "live")
     output = widgets.Output()
 
     def params():
@@ -55,34 +82,19 @@ def tile_explorer(phase_name: str = "p05_tile64"):
     def show_recorded(_=None):
         output.clear_output()
         with output:
-            row = recorded_row(sweep, params())
-            if row["status"] != "ok":
-                print(f"{row['status']}: {row['message']}")
-                return
-            print(f"recorded: {CASE.name} {row['mission_us']:.1f} µs = {row['mission_vs_sdpa']:.2f}x SDPA "
-                  f"({sdpa['sdpa_mission_us']:.1f} µs); b4h16_s2048 {row['b4h16_s2048_us']:.0f} µs = "
-                  f"{row['b4h16_s2048_vs_sdpa']:.2f}x SDPA; {row['registers']:.0f} registers")
+            print(recorded_summary(sweep, sdpa, params()))
             print(provenance)
-            display(calculator(phase_name, params(), int(row["registers"])).round(2))
+            row = recorded_row(sweep, params())
+            if row["status"] == "ok":
+                display(calculator(phase_name, params(), int(row["registers"])).round(2))
 
     def measure(_):
-        from .bench import time_ours, time_sdpa_default
-        from .binding import load
-        from .build import CompileError
-        from .check import check
         output.clear_output()
         with output:
-            try:
-                fn = load(phase_name, **params())   # prints compile progress on a cold build
-            except CompileError as error:
-                print(experiments.compile_message(str(error)))
-                return
-            result = check(fn, CASE)
-            ours, sdpa_now = time_ours(fn, CASE)["gpu_us"], time_sdpa_default(CASE)["gpu_us"]
-            print(f"measured live: {CASE.name} {ours:.1f} µs = {ours / sdpa_now:.2f}x SDPA ({sdpa_now:.1f} µs); "
-                  f"max error {result.max_abs_err:.1e} ({'correct' if result.passed else 'WRONG'}); "
-                  f"{fn.build.ptxas.registers} registers")
-            display(calculator(phase_name, params(), fn.build.ptxas.registers).round(2))
+            text, registers = measure_live(phase_name, params())
+            print(text)
+            if registers is not None:
+                display(calculator(phase_name, params(), registers).round(2))
 
     for picker in pickers.values():
         picker.observe(show_recorded, names="value")

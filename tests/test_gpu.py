@@ -104,6 +104,14 @@ def test_p04_precision_switch_and_teaching_variant(cuda):
     assert not buggy.passed and buggy.max_abs_err > 0.1, buggy
 
 
+def test_tile_explorer_measures_live(cuda):
+    from flashcore_nb import widgets
+    text, registers = widgets.measure_live("p05_tile64", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 8})
+    assert text.startswith("measured live") and "(correct)" in text and registers > 0, text
+    text, registers = widgets.measure_live("p05_tile64", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 2})
+    assert registers is None and "NUM_WARPS * 32 must be a multiple of BLOCK_M" in text
+
+
 def test_unknown_tile_parameter_is_refused(cuda):
     with pytest.raises(ValueError, match="no tile parameter"):
         flashcore_nb.load("p01_baseline", BLOCK_Q=64)

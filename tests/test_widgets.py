@@ -1,0 +1,43 @@
+"""The tile explorer and its calculator, in replay mode (no GPU)."""
+import pytest
+
+from flashcore_nb import budget, experiments, widgets
+
+
+@pytest.fixture
+def replay(monkeypatch):
+    monkeypatch.setenv("FLASHCORE_MODE", "replay")
+
+
+def test_calculator_counts_waves_of_the_mission_grid():
+    frame = widgets.calculator("p05_tile64", {"BLOCK_M": 64, "BLOCK_N": 64, "NUM_WARPS": 8}, registers=126)
+    l4 = frame.set_index("GPU").loc["L4"]
+    # 61 KB + 1 KB reserved: one CTA per 100 KB SM; 8 heads x 512/64 = 64 CTAs on 58 SMs
+    assert l4["CTAs/SM"] == 1 and l4["CTAs (mission)"] == 64
+    assert l4["waves"] == pytest.approx(64 / 58)
+    h100 = frame.set_index("GPU").loc["H100"]
+    # 126 registers -> 4096 per warp, 8 warps -> 32768 per CTA: two CTAs in 64 K registers
+    assert h100["CTAs/SM"] == 2 and h100["limiter"] == "registers"
+
+
+def test_a_cta_that_does_not_fit_takes_infinite_waves():
+    occ = budget.occupancy(budget.GPUS["T4"], 256, 128, 104 * 1024)
+    assert not occ.fits and budget.waves(budget.GPUS["T4"], occ, 32) == float("inf")
+
+
+def test_recorded_summary_reads_the_sweep():
+    sweep, sdpa, _ = experiments.sweep_runs("p05_tile64")
+    fast = widgets.recorded_summary(sweep, sdpa, {"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 16})
+    row = widgets.recorded_row(sweep, {"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 16})
+    assert f"mission {row['mission_us']:.1f} µs" in fast and f"{row['registers']:.0f} registers" in fast
+    invalid = widgets.recorded_summary(sweep, sdpa, {"BLOCK_M": 128, "BLOCK_N": 32, "NUM_WARPS": 2})
+    assert invalid.startswith("does not compile: NUM_WARPS * 32 must be a multiple of BLOCK_M")
+
+
+def test_explorer_builds_and_follows_every_choice_in_replay(replay):
+    explorer = widgets.tile_explorer("p05_tile64")
+    pickers, button, _ = explorer.children
+    assert button.disabled                      # nothing to compile without a GPU
+    for values in ((32, 128, 16), (128, 32, 2), (64, 64, 8)):   # each change re-renders; errors would raise
+        for picker, value in zip(pickers.children, values):
+            picker.value = value
