@@ -209,7 +209,7 @@ def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print
             row = {**params, "status": "does not compile", "message": failures[label]}
         else:
             row = run_sweep_config(phase_name, params, check_cases, timing_cases, sdpa_us)
-        progress(f"{label}: {row['status']} {row.get('mission_us', '')}")
+        progress(f"{label}: {row['status']}" + (f", mission {row['mission_us']:.1f} µs" if "mission_us" in row else ""))
         rows.append(row)
     return rows, {f"sdpa_{name}_us": us for name, us in sdpa_us.items()}
 
