@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .phases import get
 
+PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64")   # the dynamic-shared-memory phases
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 WARP = 32
 
@@ -136,7 +137,7 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
         # P (fp16) is written over S (fp32) in the same bytes: one buffer with two lives
         return [*_tiles(m, n, head_dim), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
                 _accumulator(m, head_dim)]
-    raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: p03_wmma, p04_fp32p, p05_tile64)")
+    raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
 def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None) -> int:
@@ -151,7 +152,7 @@ def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
         return 4 * WARP
     if phase_name == "p05_tile64":
         return params["NUM_WARPS"] * WARP
-    raise ValueError(f"no block size for {phase_name!r} here (known: p03_wmma, p04_fp32p, p05_tile64)")
+    raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
 def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:

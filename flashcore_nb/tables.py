@@ -33,17 +33,24 @@ def speed(runs: pd.DataFrame, matmul_tflops: float | None = None) -> pd.DataFram
 
 
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
-    """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's."""
+    """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's. ptxas
+    sees only static shared memory; for phases that ask for theirs at launch, the dynamic size is
+    added from budget.py (which a CPU test checks against the kernels' own sizeof)."""
     phase = get(phase_name)
     try:
         rows = [{"arch": f"sm_{cc}", **vars(build.compile_only(phase.kernel_file, cc, phase.tile_params))}
                 for cc in phase.archs]
-        return pd.DataFrame(rows), "compiled just now with nvcc " + (build.env.nvcc_version() or "")
+        source = "compiled just now with nvcc " + (build.env.nvcc_version() or "")
     except build.CompileError as error:
         if record is None or "nvcc not found" not in str(error):
             raise
-    row = {"arch": f"sm_{record['env']['cc']}", **record["ptxas"]}
-    return pd.DataFrame([row]), "from the record (no nvcc on this machine): " + results.provenance(record)
+        rows = [{"arch": f"sm_{record['env']['cc']}", **record["ptxas"]}]
+        source = "from the record (no nvcc on this machine): " + results.provenance(record)
+    table = pd.DataFrame(rows).rename(columns={"smem_bytes": "static smem bytes"})
+    if phase_name in budget.PHASES_WITH_LAYOUT:
+        for head_dim in phase.head_dims:
+            table[f"dynamic smem bytes (D={head_dim})"] = budget.smem_bytes(phase_name, head_dim)
+    return table, source
 
 
 def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[str] | None = None) -> pd.DataFrame:

@@ -136,3 +136,17 @@ def test_occupancy_does_not_fit():
     assert not budget.occupancy(h100, 128, 256, 0).fits
     # p05 defaults at D = 128 need 103424 B: more than the L4 (99 KB = 101376 B) allows
     assert not budget.occupancy(budget.GPUS["L4"], 256, 128, budget.smem_bytes("p05_tile64", 128)).fits
+
+
+def test_ptxas_table_adds_the_dynamic_shared_memory_ptxas_cannot_see(monkeypatch):
+    from flashcore_nb import build, results, tables
+
+    def no_nvcc(*args):
+        raise build.CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    monkeypatch.setattr(build, "compile_only", no_nvcc)
+    table, source = tables.ptxas("p05_tile64", results.load("p05_tile64"))
+    assert source.startswith("from the record") and table["static smem bytes"].tolist() == [0]
+    assert table["dynamic smem bytes (D=64)"].tolist() == [62464]
+    assert table["dynamic smem bytes (D=128)"].tolist() == [103424]
+    table, _ = tables.ptxas("p01_baseline", results.load("p01_baseline"))
+    assert not any(column.startswith("dynamic") for column in table.columns)
