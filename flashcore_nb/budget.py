@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .phases import get
 
-PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64")   # the dynamic-shared-memory phases
+PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async")   # the dynamic-shared-memory phases
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 WARP = 32
 
@@ -137,6 +137,12 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
         # P (fp16) is written over S (fp32) in the same bytes: one buffer with two lives
         return [*_tiles(m, n, head_dim), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
                 _accumulator(m, head_dim)]
+    if phase_name == "p06_async":
+        m, n, stages = params["BLOCK_M"], params["BLOCK_N"], params["STAGES"]
+        # K and V have one buffer per pipeline stage, and come last (see the kernel's PLANTED_BUG)
+        return [Buffer("Q tile", m, _pitch(head_dim, 2), 2), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
+                _accumulator(m, head_dim), Buffer("K tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2),
+                Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
@@ -150,7 +156,7 @@ def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
     params = _params(phase_name, tile_params)
     if phase_name in ("p03_wmma", "p04_fp32p"):
         return 4 * WARP
-    if phase_name == "p05_tile64":
+    if phase_name in ("p05_tile64", "p06_async"):
         return params["NUM_WARPS"] * WARP
     raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 

@@ -1,10 +1,11 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
 with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
-(--phase p05_tile64), checked and timed. The last three write results/<gpu>/experiments/."""
+(--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
+(the planted bug, the real kernel clean). The last four write results/<gpu>/experiments/."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, experiments, results, shapes
+from . import binding, build, env, experiments, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .phases import PHASES, get
 
@@ -20,7 +21,7 @@ from .phases import PHASES, get
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep"])
+                                            "precision", "sweep", "sanitize"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -46,6 +47,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "precision":
         print("wrote", experiments.record_precision(shapes.select(args.shapes, "correctness")))
+        return 0
+    if args.command == "sanitize":
+        print("wrote", sanitize.record())
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:

@@ -33,6 +33,7 @@ PRECISION_SEEDS = (0, 1)
 # Chapter 5: the tile-size grid, and the problems every configuration is checked and timed on.
 SWEEP_GRIDS = {
     "p05_tile64": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64, 128], "NUM_WARPS": [2, 4, 8, 16]},
+    "p06_async": {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "NUM_WARPS": [4, 8, 16], "STAGES": [1, 2, 3]},
 }
 # Head dim 64 only: the sweep answers "which tiles for the mission shape"; budget.py says where D = 128 fits.
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
@@ -48,9 +49,10 @@ def sweep_name(phase_name: str) -> str:
 
 
 def make_record(name: str, phase_name: str, builds: dict[str, dict], rows: list[dict]) -> dict:
-    """`builds`: label -> tile parameters of every kernel build the rows measured."""
+    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured."""
     environment = env.environment()
     phase = get(phase_name)
+    builds = {label: {**phase.tile_params, **params} for label, params in builds.items()}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
@@ -74,8 +76,8 @@ def write(record: dict, root: Path = RESULTS_DIR) -> Path:
 def load(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict:
     path = path_for(name, gpu_slug, root)
     if not path.exists():
-        raise FileNotFoundError(f"no recorded experiment {name!r} for {gpu_slug}; record it on a GPU with "
-                                f"`python -m flashcore_nb {'sweep' if name.endswith('_sweep') else 'precision'}`")
+        raise FileNotFoundError(f"no recorded experiment {name!r} for {gpu_slug}; record it on a GPU with the "
+                                f"CLI (`python -m flashcore_nb --help` lists precision, sweep and sanitize)")
     return json.loads(path.read_text())
 
 

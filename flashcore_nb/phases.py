@@ -78,6 +78,17 @@ _REGISTRY = [
         aligned_16b=True,
         tile_params={"BLOCK_M": 64, "BLOCK_N": 64, "NUM_WARPS": 8},
     ),
+    Phase(
+        name="p06_async",
+        title="Phase 6: the cp.async pipeline, and compute-sanitizer",
+        notebook="06_async",
+        archs=(80, 89, 90),
+        min_cc=80,                # cp.async
+        dtypes=("float16",),
+        aligned_16b=True,
+        # PLANTED_BUG=1 builds the teaching variant for the sanitizer section — wrong on purpose.
+        tile_params={"BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 8, "STAGES": 2, "PLANTED_BUG": 0},
+    ),
 ]
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in _REGISTRY}

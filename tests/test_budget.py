@@ -15,6 +15,8 @@ CONFIGS = [
     ("p05_tile64", {}),
     ("p05_tile64", {"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 4}),
     ("p05_tile64", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8}),
+    ("p06_async", {}),
+    ("p06_async", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 3}),
 ]
 HEAD_DIMS = (64, 128)
 

@@ -1,19 +1,14 @@
 """GPU suite (`pytest -m gpu`): every phase on the shape suite, bad inputs, compute-sanitizer."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import flashcore_nb
+from flashcore_nb import sanitize
 from flashcore_nb.check import check, make_inputs
 from flashcore_nb.reference import attention_fp64
 from flashcore_nb.shapes import CORRECTNESS, MISSION, Case
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parent.parent
 PHASE_NAMES = list(flashcore_nb.PHASES)
 
 
@@ -125,11 +120,14 @@ def test_invalid_tile_parameter_fails_at_compile_time(cuda):
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_clean(cuda, tool):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3", sys.executable,
-         str(ROOT / "tests" / "sanitize_target.py")],
-        capture_output=True, text=True, env=env, timeout=900)
-    report = proc.stdout + proc.stderr
-    assert proc.returncode == 0, report[-4000:]
+    """Every phase (and the extra tile shapes in sanitize.EXTRA_TARGETS) under each tool."""
+    result = sanitize.run(tool, [], ("--error-exitcode=3",))
+    report = result["report"]
+    assert result["returncode"] == 0, report[-4000:]
     assert "ERROR SUMMARY: 0 errors" in report or "RACECHECK SUMMARY: 0 hazards" in report, report[-4000:]
+
+
+def test_memcheck_finds_the_planted_bug(cuda):
+    result = sanitize.run("memcheck", [sanitize.PLANTED], ("--error-exitcode=3", "--print-limit", "3"))
+    assert result["returncode"] != 0
+    assert "Invalid __shared__ write of size 16 bytes" in result["report"], result["report"][-4000:]
