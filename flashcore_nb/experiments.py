@@ -169,8 +169,9 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
     from multiprocessing import get_context
 
     workers = max(1, min(len(configs), (os.cpu_count() or 2) // 2))
+    defaults = get(phase_name).tile_params   # load() builds with these merged in: same cache entry
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = pool.map(_prebuild, [(phase_name, cc, params) for params in configs])
+        outcomes = pool.map(_prebuild, [(phase_name, cc, {**defaults, **params}) for params in configs])
         return {config_label(p): compile_message(log) for p, log in zip(configs, outcomes) if log}
 
 
