@@ -87,7 +87,7 @@ _REGISTRY = [
         dtypes=("float16",),
         aligned_16b=True,
         # PLANTED_BUG=1 builds the teaching variant for the sanitizer section — wrong on purpose.
-        tile_params={"BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 8, "STAGES": 2, "PLANTED_BUG": 0},
+        tile_params={"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 8, "STAGES": 2, "PLANTED_BUG": 0},
     ),
 ]
 

@@ -12,8 +12,10 @@
 //     flight, i.e. tile t has landed; a barrier then makes every thread's copies visible. With
 //     STAGES = 1 nothing overlaps (copy, wait, compute); with 2 the next tile's copy runs under this
 //     tile's math; with 3 two copies are in flight;
-//   - defaults (BLOCK_M = 64, BLOCK_N = 128, NUM_WARPS = 8, STAGES = 2) come from measuring
-//     every combination (chapter 6); the defines and their static_asserts are phase 5's plus STAGES.
+//   - defaults (BLOCK_M = 32, BLOCK_N = 128, NUM_WARPS = 8, STAGES = 2) come from measuring every
+//     combination on the H100 (chapter 6): 32-row tiles give the mission shape one CTA per SM, and
+//     there the second stage pays; with many CTAs per SM a stage can cost a resident CTA instead.
+//     The defines and their static_asserts are phase 5's plus STAGES.
 // The stage a copy fills was last read by the previous tile, whose loop iteration ended with a
 // __syncthreads, so no copy can land under a warp still reading it.
 //
@@ -36,7 +38,7 @@
 using namespace nvcuda;
 
 #ifndef BLOCK_M
-#define BLOCK_M 64
+#define BLOCK_M 32
 #endif
 #ifndef BLOCK_N
 #define BLOCK_N 128
