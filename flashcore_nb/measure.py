@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import env, results, shapes
 from .paths import RESULTS_DIR
+from .phases import get
 
 @dataclass
 class Measurement:
@@ -47,8 +48,10 @@ def collect_runs(fn, correctness, timing) -> list[dict]:
 
 
 def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurement:
-    """Live: compile, check and time the phase now. Replay: the record for `gpu_slug`."""
-    if env.mode() == "live":
+    """Live: compile, check and time the phase now. Replay (or a live GPU too old for the phase, which
+    is said beside the numbers): the record for `gpu_slug`."""
+    too_old = env.mode() == "live" and env.gpu().cc < get(phase_name).min_cc
+    if env.mode() == "live" and not too_old:
         from .bench import matmul_tflops
         from .binding import load
         fn = load(phase_name)
@@ -59,7 +62,11 @@ def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurem
     if record is None:
         raise FileNotFoundError(f"no recorded results for {phase_name} on {gpu_slug}; record them on a GPU "
                                 f"with `python -m flashcore_nb record --phase {phase_name}`")
-    return Measurement(pd.DataFrame(record["runs"]), record["matmul_tflops"], results.provenance(record), record)
+    line = results.provenance(record)
+    if too_old:
+        line = (f"{env.gpu().name} (sm_{env.gpu().cc}) cannot run {phase_name} (needs sm_{get(phase_name).min_cc}+); "
+                f"showing the record: {line}")
+    return Measurement(pd.DataFrame(record["runs"]), record["matmul_tflops"], line, record)
 
 
 # --- the timing-method experiment of chapter 0 ---------------------------------------------------

@@ -228,3 +228,42 @@ def warp_loop_map(block_m: int, block_n: int, head_dim: int, warps: int):
         ax.set_title(f"{name}: the number is the warp ({warps} warps)", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def pipeline_schedule(stages: int, tiles: int, copy: float, math: float) -> list[tuple[int, float, float, float]]:
+    """(tile, copy start, copy end, math start) for one CTA, following p06's loop: the copy of tile
+    t + STAGES - 1 is issued when tile t's iteration begins (its stage was freed by tile t - 1), and
+    tile t's math waits for its own copy and for tile t - 1's math. Copies share the memory system,
+    so one runs at a time."""
+    issue, copy_end, math_end, rows = {}, {}, [0.0], []
+    for t in range(min(stages - 1, tiles)):           # the prologue
+        issue[t] = copy_end.get(t - 1, 0.0)
+        copy_end[t] = issue[t] + copy
+    for t in range(tiles):
+        nxt = t + stages - 1
+        if nxt < tiles:
+            issue[nxt] = max(math_end[-1], copy_end.get(nxt - 1, 0.0))
+            copy_end[nxt] = issue[nxt] + copy
+        start = max(copy_end[t], math_end[-1])
+        rows.append((t, issue[t], copy_end[t], start))
+        math_end.append(start + math)
+    return rows
+
+
+def pipeline_timeline(tiles: int = 5, copy: float = 1.0, math: float = 1.5, stage_counts=(1, 2, 3)):
+    """What overlaps with what inside one CTA, for each stage count (from the kernel's structure)."""
+    fig, axes = plt.subplots(len(stage_counts), 1, figsize=(9, 1.25 * len(stage_counts) + 0.6), sharex=True)
+    for ax, stages in zip(np.atleast_1d(axes), stage_counts):
+        rows = pipeline_schedule(stages, tiles, copy, math)
+        for t, c0, c1, m0 in rows:
+            color = plt.get_cmap("tab10")(t)
+            ax.barh(1, c1 - c0, left=c0, color=color, alpha=0.45, edgecolor="white")
+            ax.barh(0, math, left=m0, color=color, edgecolor="white")
+            ax.text(c0 + (c1 - c0) / 2, 1, f"K/V {t}", ha="center", va="center", fontsize=7)
+            ax.text(m0 + math / 2, 0, f"math {t}", ha="center", va="center", fontsize=7, color="white")
+        end = rows[-1][3] + math
+        ax.set_yticks([0, 1], ["warps (S, softmax, P·V)", "cp.async copies"], fontsize=7)
+        ax.set_title(f"STAGES = {stages}: {tiles} tiles in {end:.1f} time units", fontsize=8, loc="left")
+    np.atleast_1d(axes)[-1].set_xlabel(f"time (a tile's copy takes {copy:g}, its math {math:g})")
+    fig.tight_layout()
+    return fig

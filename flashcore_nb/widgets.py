@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from . import budget, env, experiments, shapes
+from .phases import get
 
 CASE = shapes.MISSION
 
@@ -73,7 +74,9 @@ def tile_explorer(phase_name: str = "p05_tile64"):
     sweep, sdpa, provenance = experiments.sweep_runs(phase_name)
     pickers = {key: widgets.Dropdown(options=values, value=values[len(values) // 2], description=key)
                for key, values in grid.items()}
-    button = widgets.Button(description="compile, check and time", disabled=env.mode() != "live")
+    runnable = env.mode() == "live" and env.gpu().cc >= get(phase_name).min_cc
+    button = widgets.Button(description="compile, check and time" if runnable or env.mode() != "live"
+                            else f"this GPU is older than sm_{get(phase_name).min_cc}", disabled=not runnable)
     output = widgets.Output()
 
     def params():

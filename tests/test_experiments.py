@@ -4,16 +4,16 @@ import shutil
 import pytest
 import torch
 
-from flashcore_nb import build, experiments, phases, results, simulate
+from flashcore_nb import build, experiments, phases, results, sanitize, simulate
 from flashcore_nb.paths import KERNELS_DIR
 from flashcore_nb.shapes import MISSION, Case
 
 RECORDS = experiments.all_records()
 
 
-def test_the_book_gpu_has_both_experiments():
+def test_the_book_gpu_has_every_experiment():
     names = {record["experiment"] for _, record in RECORDS}
-    assert {"p04_precision", "p05_tile64_sweep"} <= names
+    assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer"} <= names
 
 
 @pytest.mark.parametrize("path,record", RECORDS, ids=[p.name for p, _ in RECORDS])
@@ -33,10 +33,11 @@ def test_precision_record_supports_one_hypothesis():
     assert mission_bug and all(0.3 <= e <= 0.7 for e in mission_bug)
 
 
-def test_sweep_record_covers_the_grid():
-    record = experiments.load("p05_tile64_sweep")
-    assert [{k: r[k] for k in ("BLOCK_M", "BLOCK_N", "NUM_WARPS")} for r in record["rows"]] == \
-        experiments.grid_configs("p05_tile64")
+@pytest.mark.parametrize("phase_name", list(experiments.SWEEP_GRIDS))
+def test_sweep_record_covers_the_grid(phase_name):
+    record = experiments.load(experiments.sweep_name(phase_name))
+    grid = experiments.SWEEP_GRIDS[phase_name]
+    assert [{k: r[k] for k in grid} for r in record["rows"]] == experiments.grid_configs(phase_name)
     for row in record["rows"]:
         if row["status"] == "ok":
             assert row["mission_us"] > 0 and row["b4h16_s2048_us"] > 0
@@ -86,3 +87,21 @@ def test_model_without_bug_matches_exact_attention_on_ragged_lengths():
     expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8, -1) @ v.double()
     out = simulate.tiled_attention(q, k, v, p_fp32=True)
     assert out.shape == q.shape and (out.double() - expected).abs().max() < 2e-3
+
+
+def test_sanitizer_record_finds_the_planted_bug_and_clears_the_kernel():
+    record = experiments.load("p06_sanitizer")
+    planted, *clean = record["rows"]
+    assert planted["target"] == sanitize.PLANTED and planted["returncode"] != 0
+    assert "Invalid __shared__ write of size 16 bytes" in planted["report"]
+    assert "unspecified launch failure" in planted["report"]
+    assert {run["tool"] for run in clean} == {"memcheck", "racecheck", "synccheck"}
+    for run in clean:
+        assert run["returncode"] == 0 and run["target"] == "p06_async"
+        assert "ERROR SUMMARY: 0 errors" in run["report"] or "RACECHECK SUMMARY: 0 hazards" in run["report"]
+
+
+def test_sanitizer_targets_parse():
+    assert sanitize.parse_target("p06_async") == ("p06_async", {})
+    assert sanitize.parse_target("p05_tile64:BLOCK_M=32,NUM_WARPS=16") == ("p05_tile64", {"BLOCK_M": 32, "NUM_WARPS": 16})
+    assert sanitize.command("racecheck", ["p06_async"])[:2] == ["compute-sanitizer", "--tool=racecheck"]

@@ -93,3 +93,12 @@ def test_vector_phases_refuse_misaligned_rows():
     with pytest.raises(ValueError, match="16-byte aligned"):
         validate_problem(p02, misaligned, misaligned, misaligned, False, H100)
     validate_problem(P01, misaligned, misaligned, misaligned, False, H100)  # scalar loads: fine
+
+
+def test_a_gpu_too_old_for_a_phase_gets_the_record_with_the_reason(monkeypatch):
+    from flashcore_nb import measure
+    monkeypatch.setattr(flashcore_nb.env, "mode", lambda: "live")
+    monkeypatch.setattr(flashcore_nb.env, "gpu", lambda index=None: T4)
+    m = measure.phase_runs("p06_async")
+    assert m.record is not None and len(m.runs) == len(m.record["runs"])
+    assert m.provenance.startswith("Tesla T4 (sm_75) cannot run p06_async (needs sm_80+); showing the record: recorded on")
