@@ -72,7 +72,9 @@ def tile_explorer(phase_name: str = "p05_tile64"):
 
     grid = experiments.SWEEP_GRIDS[phase_name]
     sweep, sdpa, provenance = experiments.sweep_runs(phase_name)
-    pickers = {key: widgets.Dropdown(options=values, value=values[len(values) // 2], description=key)
+    defaults = get(phase_name).tile_params   # start on the phase's own configuration
+    pickers = {key: widgets.Dropdown(options=values, description=key,
+                                     value=defaults[key] if defaults[key] in values else values[len(values) // 2])
                for key, values in grid.items()}
     runnable = env.mode() == "live" and env.gpu().cc >= get(phase_name).min_cc
     button = widgets.Button(description="compile, check and time" if runnable or env.mode() != "live"

@@ -38,6 +38,8 @@ def test_explorer_builds_and_follows_every_choice_in_replay(replay):
     explorer = widgets.tile_explorer("p05_tile64")
     pickers, button, _ = explorer.children
     assert button.disabled                      # nothing to compile without a GPU
+    assert [p.value for p in pickers.children] == [64, 64, 8]   # the phase's defaults
+    assert [p.value for p in widgets.tile_explorer("p06_async").children[0].children] == [32, 128, 8, 2]
     for values in ((32, 128, 16), (128, 32, 2), (64, 64, 8)):   # each change re-renders; errors would raise
         for picker, value in zip(pickers.children, values):
             picker.value = value
