@@ -10,7 +10,6 @@ import itertools
 import json
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -50,7 +49,6 @@ def sweep_name(phase_name: str) -> str:
 
 def make_record(name: str, phase_name: str, builds: dict[str, dict], rows: list[dict]) -> dict:
     """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured."""
-    environment = env.environment()
     phase = get(phase_name)
     builds = {label: {**phase.tile_params, **params} for label, params in builds.items()}
     return {
@@ -59,9 +57,7 @@ def make_record(name: str, phase_name: str, builds: dict[str, dict], rows: list[
         "phase": phase_name,
         "builds": {label: {"tile_params": params, "kernel_sha256": build.kernel_sha256(phase.kernel_file, params)}
                    for label, params in builds.items()},
-        "commit": results.current_commit(),
-        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {key: environment[key] for key in sorted(results.REQUIRED_ENV | {"python"})},
+        **results.stamp(),
         "rows": rows,
     }
 
@@ -93,7 +89,7 @@ def stale_builds(record: dict) -> list[str]:
 
 
 def provenance(record: dict) -> str:
-    line = f"{results.environment_line(record['env'])}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}"
+    line = results.recorded_line(record)
     if stale_builds(record):
         line += "  [STALE: a kernel changed since this record; re-record it]"
     return line

@@ -105,10 +105,8 @@ def timing_methods(case: shapes.Case = shapes.MISSION, iterations: int = 200) ->
 
 
 def record_timing_methods() -> str:
-    info = env.environment()
-    record = {"case": shapes.MISSION.label(), "commit": results.current_commit(),
-              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "env": info, "us": timing_methods()}
-    path = RESULTS_DIR / env.gpu_slug(info["gpu"]) / results.TIMING_METHODS_FILE
+    record = {"case": shapes.MISSION.label(), **results.stamp(), "us": timing_methods()}
+    path = RESULTS_DIR / env.gpu_slug(record["env"]["gpu"]) / results.TIMING_METHODS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return str(path)

@@ -42,18 +42,25 @@ def current_commit() -> str:
         return "unknown"
 
 
+def stamp() -> dict:
+    """What every record (phase, experiment, timing methods) carries about where and when it was made."""
+    environment = env.environment()
+    return {
+        "commit": current_commit(),
+        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "env": {key: environment[key] for key in sorted(REQUIRED_ENV | {"python"})},
+    }
+
+
 def make_record(phase_name: str, tile_params: dict, ptxas: build.PtxasStats, matmul_tflops: float,
                 runs: list[dict]) -> dict:
     phase = get(phase_name)
-    environment = env.environment()
     return {
         "schema": SCHEMA_VERSION,
         "phase": phase_name,
         "kernel_sha256": build.kernel_sha256(phase.kernel_file, tile_params),
         "tile_params": tile_params,
-        "commit": current_commit(),
-        "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "env": {key: environment[key] for key in sorted(REQUIRED_ENV | {"python"})},
+        **stamp(),
         "ptxas": {key: getattr(ptxas, key) for key in ("registers", "smem_bytes", "spill_stores",
                                                        "spill_loads", "stack_bytes")},
         "matmul_tflops": matmul_tflops,
@@ -113,10 +120,15 @@ def environment_line(e: dict, verb: str = "recorded on") -> str:
             f"CUDA {e['cuda']}")
 
 
+def recorded_line(record: dict) -> str:
+    """'recorded on <environment>, commit …, <date>' for any record carrying a stamp()."""
+    return f"{environment_line(record['env'])}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}"
+
+
 def provenance(record: dict) -> str:
-    """The line printed beside every recorded number."""
-    line = f"{environment_line(record['env'])}, commit {record['commit'][:10]}, {record['recorded_at'][:10]}"
-    if record.get("phase") and is_stale(record):  # only phase records name a kernel that can change
+    """The line printed beside every recorded number of a phase record (or the timing methods)."""
+    line = recorded_line(record)
+    if record.get("kernel_sha256") and is_stale(record):  # the timing-method record names no kernel
         line += "  [STALE: the kernel changed since this record; re-record it]"
     return line
 

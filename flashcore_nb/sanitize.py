@@ -45,7 +45,7 @@ def run(tool: str, targets: list[str], options=(), timeout: int = 900) -> dict:
     cmd = command(tool, targets, options)
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environment, timeout=timeout, cwd=ROOT)
-    shown = ["compute-sanitizer", f"--tool={tool}", *options, "python", "-m", "flashcore_nb.sanitize", *targets]
+    shown = ["python" if part == sys.executable else part for part in cmd]
     report = (proc.stdout + proc.stderr).replace(str(ROOT), ".")
     return {"tool": tool, "target": " ".join(targets), "command": " ".join(shown), "returncode": proc.returncode,
             "report": report}

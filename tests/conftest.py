@@ -8,3 +8,17 @@ def cuda():
     if not torch.cuda.is_available():
         pytest.fail("this test needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
     return torch.device("cuda")
+
+
+@pytest.fixture
+def kernels_copy(tmp_path, monkeypatch):
+    """A copy of kernels/ that the package reads instead, for tests that edit a kernel."""
+    import shutil
+
+    from flashcore_nb import build, phases
+    from flashcore_nb.paths import KERNELS_DIR
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR, kernels)
+    monkeypatch.setattr(phases, "KERNELS_DIR", kernels)
+    monkeypatch.setattr(build, "KERNELS_DIR", kernels)
+    return kernels

@@ -1,12 +1,9 @@
 """Recorded experiments (chapter 4's precision experiment, chapter 5's tile sweep) and the CPU model."""
-import shutil
-
 import pytest
 import torch
 
-from flashcore_nb import build, experiments, phases, results, sanitize, simulate
-from flashcore_nb.paths import KERNELS_DIR
-from flashcore_nb.shapes import MISSION, Case
+from flashcore_nb import experiments, results, sanitize, simulate
+from flashcore_nb.shapes import MISSION
 
 RECORDS = experiments.all_records()
 
@@ -46,14 +43,10 @@ def test_sweep_record_covers_the_grid(phase_name):
     assert record["sdpa"]["sdpa_mission_us"] > 0
 
 
-def test_a_changed_kernel_makes_an_experiment_stale(tmp_path, monkeypatch):
+def test_a_changed_kernel_makes_an_experiment_stale(kernels_copy):
     record = experiments.load("p04_precision")
-    kernels = tmp_path / "kernels"
-    shutil.copytree(KERNELS_DIR, kernels)
-    monkeypatch.setattr(phases, "KERNELS_DIR", kernels)
-    monkeypatch.setattr(build, "KERNELS_DIR", kernels)
     assert experiments.stale_builds(record) == []
-    source = kernels / "p04_fp32p.cu"
+    source = kernels_copy / "p04_fp32p.cu"
     source.write_text(source.read_text() + "\n// an edit\n")
     assert sorted(experiments.stale_builds(record)) == sorted(experiments.PRECISION_VARIANTS)
     assert "STALE" in experiments.provenance(record)

@@ -1,11 +1,9 @@
 """Recorded results: schema, provenance, and staleness against the current kernels."""
 import copy
-import shutil
 
 import pytest
 
-from flashcore_nb import build, phases, results
-from flashcore_nb.paths import KERNELS_DIR
+from flashcore_nb import phases, results
 
 RECORDS = results.all_records()
 
@@ -35,14 +33,10 @@ def test_schema_violations_are_named():
         results.validate(record)
 
 
-def test_a_changed_kernel_makes_its_record_stale(tmp_path, monkeypatch):
+def test_a_changed_kernel_makes_its_record_stale(kernels_copy):
     record = results.load("p01_baseline")
-    kernels = tmp_path / "kernels"
-    shutil.copytree(KERNELS_DIR, kernels)
-    monkeypatch.setattr(phases, "KERNELS_DIR", kernels)
-    monkeypatch.setattr(build, "KERNELS_DIR", kernels)
     assert not results.is_stale(record)
-    header = kernels / "common" / "numeric.cuh"
+    header = kernels_copy / "common" / "numeric.cuh"
     header.write_text(header.read_text() + "\n// an edit to a shared header\n")
     assert results.is_stale(record)
     assert "STALE" in results.provenance(record)
