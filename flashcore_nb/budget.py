@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .phases import get
 
-PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async")   # the dynamic-shared-memory phases
+PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async", "p07_registers")   # the dynamic-shared-memory phases
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 WARP = 32
 
@@ -143,6 +143,11 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
         return [Buffer("Q tile", m, _pitch(head_dim, 2), 2), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
                 _accumulator(m, head_dim), Buffer("K tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2),
                 Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
+    if phase_name == "p07_registers":
+        m, n, stages = params["BLOCK_M"], params["BLOCK_N"], params["STAGES"]
+        # S, P and O live in registers; rows are swizzled instead of padded
+        return [Buffer("Q tile", m, head_dim, 2), Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
+                Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
@@ -158,6 +163,8 @@ def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
         return 4 * WARP
     if phase_name in ("p05_tile64", "p06_async"):
         return params["NUM_WARPS"] * WARP
+    if phase_name == "p07_registers":
+        return params["BLOCK_M"] // 16 * WARP   # one warp per 16 query rows
     raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 

@@ -89,6 +89,15 @@ _REGISTRY = [
         # PLANTED_BUG=1 builds the teaching variant for the sanitizer section — wrong on purpose.
         tile_params={"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 8, "STAGES": 2, "PLANTED_BUG": 0},
     ),
+    Phase(
+        name="p07_registers",
+        title="Phase 7: mma.sync, ldmatrix, swizzled shared memory: S and P in registers",
+        notebook="07_registers",
+        archs=(80, 89, 90),
+        min_cc=80,                # cp.async, bf16 mma.sync
+        aligned_16b=True,
+        tile_params={"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2},
+    ),
 ]
 
 PHASES: dict[str, Phase] = {phase.name: phase for phase in _REGISTRY}
