@@ -27,22 +27,31 @@
 #include "common/params.cuh"
 
 #ifndef BLOCK_M
-#define BLOCK_M 64
+#define BLOCK_M 128
 #endif
 #ifndef BLOCK_N
 #define BLOCK_N 64
 #endif
+#ifndef WARP_ROWS
+#define WARP_ROWS 32
+#endif
 #ifndef STAGES
 #define STAGES 2
 #endif
+#ifndef Q_IN_REGS_MAX_D
+#define Q_IN_REGS_MAX_D 64
+#endif
 
-constexpr int kBlockM = BLOCK_M;          // query rows per CTA, 16 per warp
+constexpr int kBlockM = BLOCK_M;          // query rows per CTA
 constexpr int kBlockN = BLOCK_N;          // keys per tile
 constexpr int kStages = STAGES;
-constexpr int kWarps = kBlockM / 16;
+constexpr int kWarpRows = WARP_ROWS;      // query rows per warp: every K/V fragment serves this many
+constexpr int kMTiles = kWarpRows / 16;   // 16-row mma tiles per warp
+constexpr int kWarps = kBlockM / kWarpRows;
 constexpr int kThreads = kWarps * 32;
-static_assert(kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256,
-              "BLOCK_M must be a multiple of 16 (one warp per 16 query rows), at most 256");
+static_assert(kWarpRows == 16 || kWarpRows == 32, "WARP_ROWS is 16 or 32 query rows per warp");
+static_assert(kBlockM % kWarpRows == 0 && kWarps >= 1 && kWarps <= 16,
+              "BLOCK_M must be a multiple of WARP_ROWS, with 1..16 warps");
 static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "BLOCK_N must be a positive multiple of 16 (the mma k-step of P·V)");
 static_assert(kStages >= 1 && kStages <= 4, "STAGES must be 1..4");
 
@@ -92,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;   // this lane's row in an 8-row group, and its column pair
   const int head = blockIdx.y, batch = blockIdx.z, q_start = blockIdx.x * kBlockM;
-  const int warp_row = warp * 16;         // this warp's first row in the tile
+  const int warp_row = warp * kWarpRows;  // this warp's first row in the tile
 
   const T* q = row_ptr(static_cast<const T*>(params.q), params.q_strides, batch, head, 0);
   const T* k = row_ptr(static_cast<const T*>(params.k), params.k_strides, batch, head, 0);
@@ -113,10 +122,20 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
   copy_tile_async<kBlockM, kHeadDim>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
   for (int tile = 0; tile < kStages - 1; ++tile) issue_kv_copy(tile);
 
-  uint32_t q_frag[kHeadDim / 16][4];      // A operand, one per 16-wide slice of D
-  float o_acc[kDTiles][4] = {};           // O rows g and g+8, two columns per 8-wide D tile
-  float row_max[2] = {-INFINITY, -INFINITY};   // in log2 units (scores times scale * log2 e)
-  float row_sum[2] = {0.f, 0.f};               // this lane's part; the quad's sum at the end
+  // Q as A fragments, loaded once — or, for wide heads where registers are short, re-read from
+  // shared memory (ldmatrix) for every tile.
+  constexpr bool kQInRegs = kHeadDim <= Q_IN_REGS_MAX_D;
+  uint32_t q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kHeadDim / 16 : 1][4];
+  const auto q_fragment = [&](uint32_t (&a)[4], int mt, int kk) {
+    ldmatrix_x4(a, smem.q_tile + swizzled<kHeadDim>(warp_row + mt * 16 + lane % 16, kk * 2 + lane / 16));
+  };
+  float o_acc[kMTiles][kDTiles][4] = {};  // O rows g and g+8 of each m-tile, two columns per 8-wide D tile
+  float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in log2 units; sum: this lane's part
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
   const float scale_log2 = params.scale * 1.4426950408889634f;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -124,24 +143,35 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
     issue_kv_copy(tile + kStages - 1);
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    if (tile == 0) {
+    if (kQInRegs && tile == 0) {
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        ldmatrix_x4(q_frag[kk], smem.q_tile + swizzled<kHeadDim>(warp_row + lane % 16, kk * 2 + lane / 16));
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
     }
     const T* k_tile = smem.k_tile[tile % kStages];
     const T* v_tile = smem.v_tile[tile % kStages];
 
-    // S = Q·Kᵀ for this warp's 16 rows: one x4 ldmatrix gives the B fragments of two 8-key tiles.
-    float s[kKeyTiles][4] = {};
+    // S = Q·Kᵀ for this warp's rows: one x4 ldmatrix gives the B fragments of two 8-key tiles,
+    // used by every m-tile of the warp.
+    float s[kMTiles][kKeyTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
+      if (!kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
+      }
 #pragma unroll
       for (int np = 0; np < kKeyTiles / 2; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
-        mma_16816<T>(s[2 * np], q_frag[kk], {b[0], b[1]});
-        mma_16816<T>(s[2 * np + 1], q_frag[kk], {b[2], b[3]});
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
+          mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
+          mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
+        }
       }
     }
 
@@ -149,55 +179,68 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
     const bool needs_mask = kv_start + kBlockN > seqlen_k || (params.causal && kv_start + kBlockN - 1 > q_start);
     if (needs_mask) {
 #pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j) {
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = kv_start + j * 8 + 2 * t + (e & 1);
-          const int query = q_start + warp_row + g + (e >> 1) * 8;
-          if (key >= seqlen_k || (params.causal && key > query)) s[j][e] = -INFINITY;
+        for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kv_start + j * 8 + 2 * t + (e & 1);
+            const int query = q_start + warp_row + mt * 16 + g + (e >> 1) * 8;
+            if (key >= seqlen_k || (params.causal && key > query)) s[mt][j][e] = -INFINITY;
+          }
         }
-      }
     }
 
-    // Online softmax, base 2, for rows g (h = 0) and g + 8 (h = 1).
+    // Online softmax, base 2, for rows g (h = 0) and g + 8 (h = 1) of each m-tile.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -INFINITY;
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-      const float new_max = fmaxf(row_max[h], quad_max(tile_max) * scale_log2);
-      const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-      const float correction = fast_exp2(row_max[h] - base);
-      float tile_sum = 0.f;
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j) {
+        for (int j = 0; j < kKeyTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+        const float new_max = fmaxf(row_max[mt][h], quad_max(tile_max) * scale_log2);
+        const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
+        const float correction = fast_exp2(row_max[mt][h] - base);
+        float tile_sum = 0.f;
 #pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[j][e] = fast_exp2(s[j][e] * scale_log2 - base);
-          tile_sum += s[j][e];
+        for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[mt][j][e] = fast_exp2(s[mt][j][e] * scale_log2 - base);
+            tile_sum += s[mt][j][e];
+          }
+        }
+        row_sum[mt][h] = row_sum[mt][h] * correction + tile_sum;
+        row_max[mt][h] = new_max;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) {
+          o_acc[mt][d][2 * h] *= correction;
+          o_acc[mt][d][2 * h + 1] *= correction;
         }
       }
-      row_sum[h] = row_sum[h] * correction + tile_sum;
-      row_max[h] = new_max;
-#pragma unroll
-      for (int d = 0; d < kDTiles; ++d) {
-        o_acc[d][2 * h] *= correction;
-        o_acc[d][2 * h + 1] *= correction;
-      }
-    }
 
     // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
     // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 2 + lane / 16));
-        mma_16816<T>(o_acc[2 * dp], a, {b[0], b[1]});
-        mma_16816<T>(o_acc[2 * dp + 1], a, {b[2], b[3]});
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
+          mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+        }
       }
     }
     __syncthreads();  // this stage may be overwritten
@@ -205,15 +248,18 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
 
   // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int query = q_start + warp_row + g + h * 8;
-    if (query >= params.seqlen_q) continue;
-    const float inv_sum = 1.f / quad_sum(row_sum[h]);
-    T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query);
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d)
-      *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) = pack2<T>(o_acc[d][2 * h] * inv_sum, o_acc[d][2 * h + 1] * inv_sum);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
+      const int query = q_start + warp_row + mt * 16 + g + h * 8;
+      if (query >= params.seqlen_q) continue;
+      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query);
+#pragma unroll
+      for (int d = 0; d < kDTiles; ++d)
+        *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) =
+            pack2<T>(o_acc[mt][d][2 * h] * inv_sum, o_acc[mt][d][2 * h + 1] * inv_sum);
+    }
 }
 
 template <typename T, int kHeadDim>
