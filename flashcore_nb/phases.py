@@ -96,7 +96,7 @@ _REGISTRY = [
         archs=(80, 89, 90),
         min_cc=80,                # cp.async, bf16 mma.sync
         aligned_16b=True,
-        tile_params={"BLOCK_M": 64, "BLOCK_N": 64, "STAGES": 2},
+        tile_params={"BLOCK_M": 128, "BLOCK_N": 64, "WARP_ROWS": 32, "STAGES": 2, "Q_IN_REGS_MAX_D": 64},
     ),
 ]
 
