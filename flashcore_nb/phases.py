@@ -96,7 +96,10 @@ _REGISTRY = [
         archs=(80, 89, 90),
         min_cc=80,                # cp.async, bf16 mma.sync
         aligned_16b=True,
-        tile_params={"BLOCK_M": 128, "BLOCK_N": 64, "WARP_ROWS": 32, "STAGES": 2, "Q_IN_REGS_MAX_D": 64},
+        tile_params={"BLOCK_M": 128, "BLOCK_N": 64, "WARP_ROWS": 32, "STAGES": 2,
+                     "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
+                     "SMALL_PROBLEM_CTAS": -1, "Q_IN_REGS_MAX_D": 64,
+                     "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1},
     ),
 ]
 

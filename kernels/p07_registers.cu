@@ -1,21 +1,32 @@
 // Phase 7 — the register-resident kernel: mma.sync m16n8k16, ldmatrix, XOR-swizzled shared memory,
-// S and P never leave registers. The FlashAttention-2 structure.
+// S and P never leave registers. The FlashAttention-2 structure, plus a key-split path for
+// problems too small to fill the GPU.
 //
 // What changed vs phase 6, and why. Phases 3-6 pass every tile through shared memory three times:
 // WMMA writes S out, the softmax reads it and writes P, P·V reads P and read-modify-writes O, with
-// four barriers per tile; at 4x16x2048 that ran at 8% of the matmul peak. Here each warp owns 16
-// query rows and keeps everything about them in registers:
-//   - Q: loaded once into A-operand fragments (ldmatrix);
+// four barriers per tile; at 4x16x2048 that ran at 8% of the matmul peak. Here each warp owns
+// WARP_ROWS query rows and keeps everything about them in registers:
+//   - Q: loaded once into A-operand fragments (ldmatrix), or re-read per tile for wide heads;
 //   - S = Q·Kᵀ: mma.sync accumulators whose layout PTX documents (common/mma.cuh), so the softmax
 //     knows which row and column every value is: rows g and g+8, two columns per 8-key tile, the
 //     row's other values in the 3 neighbouring lanes (quad shuffles for max and sum);
 //   - P: the S accumulators converted to 16-bit pairs are, as they stand, the A operand of P·V;
 //   - O: mma.sync accumulators, rescaled in place by exp2(m_old - m_new) per row.
-// Shared memory holds only Q, K and V: K/V arrive by cp.async in STAGES buffers as in phase 6.
-// Rows of D halves are stored with their 16-byte chunks XOR-swizzled by (row % 8), so the 8 rows an
-// ldmatrix reads at one column land in 8 different bank groups, with no padding.
-// The softmax works in base 2: log2(e) is folded into the scale, exp2 is one MUFU instruction.
-// Causal: tiles entirely left of the diagonal skip the masking code; tiles right of it are not loaded.
+// Shared memory holds only Q, K and V. Rows of D halves are stored with their 16-byte chunks
+// XOR-swizzled by (row % 8), so the 8 rows an ldmatrix reads at one column land in 8 different
+// bank groups, with no padding.
+// The pipeline: with STAGES >= 2, tile t+STAGES-1 is copied into the buffer tile t-1 used, right
+// after the one barrier per tile; with STAGES = 1 (FlashAttention-2's schedule), K and V have one
+// buffer each: V(t) is copied during Q·Kᵀ(t), and K(t+1) during P·V(t).
+// Causal: tiles entirely left of the diagonal skip the masking code, a warp whose rows see none of
+// a tile skips it, tiles right of the diagonal are never loaded, and the longest rows start first.
+// Small problems: when the grid would have fewer CTAs than the GPU has SMs, a second configuration
+// runs with KV_SPLIT warps per row group, each taking its own slice of every key tile; their
+// partial softmax states are merged through shared memory at the end.
+//
+// Ablation switches (each 1 by default; 0 turns one technique off, results unchanged):
+// SWIZZLE, SEPARATE_MASKED_TILES, FOLD_LOG2E. Q_IN_REGS_MAX_D, WARP_ROWS, STAGES and
+// SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others.
 //
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.
@@ -26,6 +37,7 @@
 #include "common/numeric.cuh"
 #include "common/params.cuh"
 
+// The configuration for problems that fill the GPU.
 #ifndef BLOCK_M
 #define BLOCK_M 128
 #endif
@@ -38,44 +50,93 @@
 #ifndef STAGES
 #define STAGES 2
 #endif
+// The key-split configuration for small problems (16 rows per warp).
+#ifndef SPLIT_BLOCK_M
+#define SPLIT_BLOCK_M 32
+#endif
+#ifndef SPLIT_BLOCK_N
+#define SPLIT_BLOCK_N 128
+#endif
+#ifndef SPLIT_STAGES
+#define SPLIT_STAGES 2
+#endif
+#ifndef KV_SPLIT
+#define KV_SPLIT 4
+#endif
+// Take the key-split path when the large-tile grid has fewer CTAs than this; -1: the GPU's SM count.
+#ifndef SMALL_PROBLEM_CTAS
+#define SMALL_PROBLEM_CTAS -1
+#endif
 #ifndef Q_IN_REGS_MAX_D
 #define Q_IN_REGS_MAX_D 64
 #endif
+#ifndef SWIZZLE
+#define SWIZZLE 1
+#endif
+#ifndef SEPARATE_MASKED_TILES
+#define SEPARATE_MASKED_TILES 1
+#endif
+#ifndef FOLD_LOG2E
+#define FOLD_LOG2E 1
+#endif
 
-constexpr int kBlockM = BLOCK_M;          // query rows per CTA
-constexpr int kBlockN = BLOCK_N;          // keys per tile
-constexpr int kStages = STAGES;
-constexpr int kWarpRows = WARP_ROWS;      // query rows per warp: every K/V fragment serves this many
-constexpr int kMTiles = kWarpRows / 16;   // 16-row mma tiles per warp
-constexpr int kWarps = kBlockM / kWarpRows;
-constexpr int kThreads = kWarps * 32;
-static_assert(kWarpRows == 16 || kWarpRows == 32, "WARP_ROWS is 16 or 32 query rows per warp");
-static_assert(kBlockM % kWarpRows == 0 && kWarps >= 1 && kWarps <= 16,
-              "BLOCK_M must be a multiple of WARP_ROWS, with 1..16 warps");
-static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "BLOCK_N must be a positive multiple of 16 (the mma k-step of P·V)");
-static_assert(kStages >= 1 && kStages <= 4, "STAGES must be 1..4");
+template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_>
+struct Tiles {
+  static constexpr int kBlockM = kBlockM_;      // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;      // keys per shared-memory tile
+  static constexpr int kWarpRows = kWarpRows_;  // query rows per warp: every K/V fragment serves this many
+  static constexpr int kStages = kStages_;
+  static constexpr int kKvSplit = kKvSplit_;    // warps sharing a row group, each on its own key slice
+  static constexpr int kMTiles = kWarpRows / 16;
+  static constexpr int kRowWarps = kBlockM / kWarpRows;
+  static constexpr int kWarps = kRowWarps * kKvSplit;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kSliceN = kBlockN / kKvSplit;   // keys of a tile one warp multiplies
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "WARP_ROWS is 16 or 32 query rows per warp");
+  static_assert(kBlockM % kWarpRows == 0, "BLOCK_M must be a multiple of WARP_ROWS");
+  static_assert(kWarps >= 1 && kWarps <= 16, "a CTA has 1..16 warps (BLOCK_M / WARP_ROWS x KV_SPLIT)");
+  static_assert(kBlockN % kKvSplit == 0 && kSliceN % 16 == 0,
+                "each warp's key slice (BLOCK_N / KV_SPLIT) must be a multiple of 16 (the mma k-step of P·V)");
+  static_assert(kStages >= 1 && kStages <= 4, "STAGES must be 1..4");
+};
+
+using LargeTiles = Tiles<BLOCK_M, BLOCK_N, WARP_ROWS, STAGES, 1>;
+using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT>;
 
 // Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
 // by the row's low three bits. Needs at least 8 chunks per row (kHeadDim >= 64).
 template <int kHeadDim>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   static_assert(kHeadDim % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes per row");
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+  return row * kHeadDim + ((SWIZZLE ? chunk ^ (row & 7) : chunk) << 3);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, typename Cfg>
 struct SharedStorage {
-  T q_tile[kBlockM * kHeadDim];
-  T k_tile[kStages][kBlockN * kHeadDim];
-  T v_tile[kStages][kBlockN * kHeadDim];
+  // Per warp of a key-split CTA other than the first: its O accumulators, row maxima and row sums,
+  // lane-major (value i of lane l at [i * 32 + l]).
+  static constexpr int kMergeValues = Cfg::kMTiles * (kHeadDim / 8) * 4 + Cfg::kMTiles * 4;
+  static constexpr int kMergeFloats = (Cfg::kKvSplit - 1) * Cfg::kRowWarps * kMergeValues * 32;
+  T q_tile[Cfg::kBlockM * kHeadDim];
+  union {
+    struct {
+      T k_tile[Cfg::kStages][Cfg::kBlockN * kHeadDim];
+      T v_tile[Cfg::kStages][Cfg::kBlockN * kHeadDim];
+    } kv;
+    float merge[kMergeFloats > 0 ? kMergeFloats : 1];   // after the last tile
+  };
+  static_assert(kMergeFloats * sizeof(float) <= sizeof(kv), "the key-split merge must fit in the K/V buffers");
 };
 
 // cp.async a tile of kRows rows starting at row `first` into its swizzled buffer; rows past `seqlen`
 // are zero-filled.
-template <int kRows, int kHeadDim, typename T>
-__device__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
-  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16;
-  for (int index = threadIdx.x; index < kRows * kChunksPerRow; index += kThreads) {
+template <int kRows, int kHeadDim, int kThreads, typename T>
+__device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
+  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kChunks = kRows * kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+    const int index = i * kThreads + threadIdx.x;
+    if (kChunks % kThreads != 0 && index >= kChunks) break;
     const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
     const bool inside = first + row < seqlen;
     cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
@@ -93,157 +154,249 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads) attention_registers_kernel(const FlashParams params) {
+// exp of a score already multiplied by score_scale and shifted by the row maximum.
+__device__ __forceinline__ float softmax_exp(float x) { return FOLD_LOG2E ? fast_exp2(x) : __expf(x); }
+
+template <typename T, int kHeadDim, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(const FlashParams params) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  constexpr int kMTiles = Cfg::kMTiles, kSliceN = Cfg::kSliceN, kWarpRows = Cfg::kWarpRows;
+  constexpr int kDTiles = kHeadDim / 8, kKeyTiles = kSliceN / 8;
+  using Smem = SharedStorage<T, kHeadDim, Cfg>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  SharedStorage<T, kHeadDim>& smem = *reinterpret_cast<SharedStorage<T, kHeadDim>*>(smem_raw);
-  constexpr int kDTiles = kHeadDim / 8, kKeyTiles = kBlockN / 8;
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;   // this lane's row in an 8-row group, and its column pair
-  const int head = blockIdx.y, batch = blockIdx.z, q_start = blockIdx.x * kBlockM;
-  const int warp_row = warp * kWarpRows;  // this warp's first row in the tile
+  const int row_warp = warp % Cfg::kRowWarps, split = warp / Cfg::kRowWarps;
+  const int warp_row = row_warp * kWarpRows;   // this warp's first row in the tile
+  const int slice = split * kSliceN;           // this warp's first key in every tile
+
+  // One-dimensional grid. Causal: the last query tiles see the most keys, so they go first.
+  const int q_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM, heads_total = params.batch * params.heads;
+  const int q_block = params.causal ? q_blocks - 1 - static_cast<int>(blockIdx.x) / heads_total
+                                    : static_cast<int>(blockIdx.x) % q_blocks;
+  const int head_index = params.causal ? blockIdx.x % heads_total : blockIdx.x / q_blocks;
+  const int head = head_index % params.heads, batch = head_index / params.heads, q_start = q_block * kBlockM;
 
   const T* q = row_ptr(static_cast<const T*>(params.q), params.q_strides, batch, head, 0);
   const T* k = row_ptr(static_cast<const T*>(params.k), params.k_strides, batch, head, 0);
   const T* v = row_ptr(static_cast<const T*>(params.v), params.v_strides, batch, head, 0);
   const int64_t k_stride = params.k_strides[2], v_stride = params.v_strides[2];
   const int seqlen_k = params.seqlen_k;
+  const bool causal = params.causal;
 
   // Top-left causal: the last query row of this tile sees keys 0..q_start + kBlockM - 1.
-  const int kv_end = params.causal ? min(seqlen_k, q_start + kBlockM) : seqlen_k;
+  const int kv_end = causal ? min(seqlen_k, q_start + kBlockM) : seqlen_k;
   const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  const auto issue_kv_copy = [&](int tile) {
-    if (tile < num_tiles) {
-      copy_tile_async<kBlockN, kHeadDim>(smem.k_tile[tile % kStages], k, k_stride, tile * kBlockN, seqlen_k);
-      copy_tile_async<kBlockN, kHeadDim>(smem.v_tile[tile % kStages], v, v_stride, tile * kBlockN, seqlen_k);
-    }
-    cp_async_commit();
+  const auto copy_k = [&](int tile) {
+    if (tile < num_tiles)
+      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[tile % kStages], k, k_stride, tile * kBlockN, seqlen_k);
   };
-  copy_tile_async<kBlockM, kHeadDim>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
-  for (int tile = 0; tile < kStages - 1; ++tile) issue_kv_copy(tile);
+  const auto copy_v = [&](int tile) {
+    if (tile < num_tiles)
+      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[tile % kStages], v, v_stride, tile * kBlockN, seqlen_k);
+  };
+  copy_tile_async<kBlockM, kHeadDim, kThreads>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
+  if constexpr (kStages == 1) {
+    copy_k(0);
+    cp_async_commit();
+  } else {
+    for (int tile = 0; tile < kStages - 1; ++tile) {
+      copy_k(tile);
+      copy_v(tile);
+      cp_async_commit();
+    }
+  }
 
   // Q as A fragments, loaded once — or, for wide heads where registers are short, re-read from
   // shared memory (ldmatrix) for every tile.
   constexpr bool kQInRegs = kHeadDim <= Q_IN_REGS_MAX_D;
   uint32_t q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kHeadDim / 16 : 1][4];
-  const auto q_fragment = [&](uint32_t (&a)[4], int mt, int kk) {
+  const auto q_fragment = [&](uint32_t(&a)[4], int mt, int kk) {
     ldmatrix_x4(a, smem.q_tile + swizzled<kHeadDim>(warp_row + mt * 16 + lane % 16, kk * 2 + lane / 16));
   };
   float o_acc[kMTiles][kDTiles][4] = {};  // O rows g and g+8 of each m-tile, two columns per 8-wide D tile
-  float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in log2 units; sum: this lane's part
+  float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in exp's units (log2 with FOLD_LOG2E); sum: this lane's part
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  const float scale_log2 = params.scale * 1.4426950408889634f;
+  const float score_scale = FOLD_LOG2E ? params.scale * 1.4426950408889634f : params.scale;
+  const int first_row = q_start + warp_row, last_row = first_row + kWarpRows - 1;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    const int kv_start = tile * kBlockN;
-    issue_kv_copy(tile + kStages - 1);
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();   // K(t) (and Q) have landed
+      __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
+      copy_v(tile);
+      cp_async_commit();
+    } else {
+      cp_async_wait<kStages - 2>();   // tile t has landed
+      __syncthreads();                // ... for every thread, and every warp is done with tile t-1
+      copy_k(tile + kStages - 1);     // into tile t-1's buffers
+      copy_v(tile + kStages - 1);
+      cp_async_commit();
+    }
     if (kQInRegs && tile == 0) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
     }
-    const T* k_tile = smem.k_tile[tile % kStages];
-    const T* v_tile = smem.v_tile[tile % kStages];
+    const T* k_tile = smem.kv.k_tile[tile % kStages];
+    const T* v_tile = smem.kv.v_tile[tile % kStages];
+    const int key0 = tile * kBlockN + slice;   // this warp's first key
+    // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
+    const bool active = key0 < kv_end && !(causal && key0 > last_row);
 
-    // S = Q·Kᵀ for this warp's rows: one x4 ldmatrix gives the B fragments of two 8-key tiles,
-    // used by every m-tile of the warp.
     float s[kMTiles][kKeyTiles][4] = {};
+    if (active) {
+      // S = Q·Kᵀ for this warp's rows and key slice: one x4 ldmatrix gives the B fragments of two
+      // 8-key tiles, used by every m-tile of the warp.
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
-      if (!kQInRegs) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
+        if (!kQInRegs) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
-      }
+          for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
+        }
 #pragma unroll
-      for (int np = 0; np < kKeyTiles / 2; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+        for (int np = 0; np < kKeyTiles / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(slice + np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
-          mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
-          mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
+            mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
+            mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
+          }
         }
       }
-    }
 
-    // Mask only the tiles that reach past the sequence or across the diagonal (warp-uniform test).
-    const bool needs_mask = kv_start + kBlockN > seqlen_k || (params.causal && kv_start + kBlockN - 1 > q_start);
-    if (needs_mask) {
+      // Mask only the slices that reach past the sequence or across the diagonal (warp-uniform test).
+      const bool needs_mask = !SEPARATE_MASKED_TILES || key0 + kSliceN > seqlen_k || (causal && key0 + kSliceN - 1 > first_row);
+      if (needs_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + j * 8 + 2 * t + (e & 1);
+              const int query = first_row + mt * 16 + g + (e >> 1) * 8;
+              if (key >= seqlen_k || (causal && key > query)) s[mt][j][e] = -INFINITY;
+            }
+          }
+      }
+
+      // Online softmax for rows g (h = 0) and g + 8 (h = 1) of each m-tile.
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          float tile_max = -INFINITY;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = kv_start + j * 8 + 2 * t + (e & 1);
-            const int query = q_start + warp_row + mt * 16 + g + (e >> 1) * 8;
-            if (key >= seqlen_k || (params.causal && key > query)) s[mt][j][e] = -INFINITY;
+          for (int j = 0; j < kKeyTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+          const float new_max = fmaxf(row_max[mt][h], quad_max(tile_max) * score_scale);
+          const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
+          const float correction = softmax_exp(row_max[mt][h] - base);
+          float tile_sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
+              tile_sum += s[mt][j][e];
+            }
+          }
+          row_sum[mt][h] = row_sum[mt][h] * correction + tile_sum;
+          row_max[mt][h] = new_max;
+#pragma unroll
+          for (int d = 0; d < kDTiles; ++d) {
+            o_acc[mt][d][2 * h] *= correction;
+            o_acc[mt][d][2 * h + 1] *= correction;
           }
         }
     }
 
-    // Online softmax, base 2, for rows g (h = 0) and g + 8 (h = 1) of each m-tile.
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-        const float new_max = fmaxf(row_max[mt][h], quad_max(tile_max) * scale_log2);
-        const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-        const float correction = fast_exp2(row_max[mt][h] - base);
-        float tile_sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[mt][j][e] = fast_exp2(s[mt][j][e] * scale_log2 - base);
-            tile_sum += s[mt][j][e];
-          }
-        }
-        row_sum[mt][h] = row_sum[mt][h] * correction + tile_sum;
-        row_max[mt][h] = new_max;
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d) {
-          o_acc[mt][d][2 * h] *= correction;
-          o_acc[mt][d][2 * h + 1] *= correction;
-        }
-      }
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();   // V(t) has landed
+      __syncthreads();      // ... for every thread, and every warp is done with K(t)
+      copy_k(tile + 1);
+      cp_async_commit();
+    }
 
-    // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
-    // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
+    if (active) {
+      // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
+      // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDTiles / 2; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 2 + lane / 16));
+      for (int kk = 0; kk < kSliceN / 16; ++kk) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
-          mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+          a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(slice + kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 2 + lane / 16));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
+            mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+          }
         }
       }
     }
-    __syncthreads();  // this stage may be overwritten
+  }
+
+  if constexpr (Cfg::kKvSplit > 1) {
+    // Merge the row group's key slices into the first split's warp: O = Σ 2^(m_i - m) O_i and
+    // likewise the sums, with m the largest m_i. Same lane, same register layout: no index math.
+    constexpr int kValues = Smem::kMergeValues;
+    __syncthreads();   // every warp is done with K and V: their buffers become the merge area
+    float* mine = smem.merge + ((split - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
+    if (split > 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[((mt * kDTiles + d) * 4 + e) * 32] = o_acc[mt][d][e];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mine[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32] = row_max[mt][h];
+          mine[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32] = row_sum[mt][h];
+        }
+      }
+    }
+    __syncthreads();
+    if (split > 0) return;
+#pragma unroll
+    for (int other = 1; other < Cfg::kKvSplit; ++other) {
+      const float* theirs = smem.merge + ((other - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float their_max = theirs[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32];
+          const float their_sum = theirs[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32];
+          const float new_max = fmaxf(row_max[mt][h], their_max);
+          const float base = new_max == -INFINITY ? 0.f : new_max;
+          const float mine_scale = softmax_exp(row_max[mt][h] - base), their_scale = softmax_exp(their_max - base);
+          row_sum[mt][h] = row_sum[mt][h] * mine_scale + their_sum * their_scale;
+          row_max[mt][h] = new_max;
+#pragma unroll
+          for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e)
+              o_acc[mt][d][e] = o_acc[mt][d][e] * mine_scale + theirs[((mt * kDTiles + d) * 4 + e) * 32] * their_scale;
+        }
+    }
   }
 
   // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
@@ -252,7 +405,7 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
-      const int query = q_start + warp_row + mt * 16 + g + h * 8;
+      const int query = first_row + mt * 16 + g + h * 8;
       if (query >= params.seqlen_q) continue;
       T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query);
 #pragma unroll
@@ -262,26 +415,49 @@ __global__ void __launch_bounds__(kThreads) attention_registers_kernel(const Fla
     }
 }
 
-template <typename T, int kHeadDim>
-cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
-  constexpr size_t kSmem = sizeof(SharedStorage<T, kHeadDim>);
-  cudaError_t err = cudaFuncSetAttribute(attention_registers_kernel<T, kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+// The key-split path when the large-tile grid would leave SMs idle.
+static bool use_split_tiles(const FlashParams& p) {
+  if (KV_SPLIT == 1) return false;
+  int threshold = SMALL_PROBLEM_CTAS;
+  if (threshold < 0) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&threshold, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return false;
+  }
+  const long long ctas = static_cast<long long>((p.seqlen_q + BLOCK_M - 1) / BLOCK_M) * p.heads * p.batch;
+  return ctas < threshold;
+}
+
+template <typename T, int kHeadDim, typename Cfg>
+cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+  constexpr size_t kSmem = sizeof(SharedStorage<T, kHeadDim, Cfg>);
+  const auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  attention_registers_kernel<T, kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
+  const long long ctas = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
+  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
+template <typename Cfg>
+cudaError_t dispatch(cudaStream_t stream, const FlashParams& p) {
+  const bool bf16 = p.dtype == kBFloat16;
+  if (p.head_dim == 64) return bf16 ? launch<__nv_bfloat16, 64, Cfg>(stream, p) : launch<__half, 64, Cfg>(stream, p);
+  if (p.head_dim == 128) return bf16 ? launch<__nv_bfloat16, 128, Cfg>(stream, p) : launch<__half, 128, Cfg>(stream, p);
+  return cudaErrorInvalidValue;
+}
+
+template <typename Cfg>
+size_t smem_bytes(int head_dim) {
+  return head_dim == 128 ? sizeof(SharedStorage<__half, 128, Cfg>) : sizeof(SharedStorage<__half, 64, Cfg>);
+}
+
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
-  return params->head_dim == 128 ? sizeof(SharedStorage<__half, 128>) : sizeof(SharedStorage<__half, 64>);
+  return use_split_tiles(*params) ? smem_bytes<SplitTiles>(params->head_dim) : smem_bytes<LargeTiles>(params->head_dim);
 }
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
-  const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
-  const bool bf16 = p.dtype == kBFloat16;
-  if (p.head_dim == 64) return bf16 ? launch<__nv_bfloat16, 64>(grid, stream, p) : launch<__half, 64>(grid, stream, p);
-  if (p.head_dim == 128) return bf16 ? launch<__nv_bfloat16, 128>(grid, stream, p) : launch<__half, 128>(grid, stream, p);
-  return cudaErrorInvalidValue;
+  return use_split_tiles(*params) ? dispatch<SplitTiles>(stream, *params) : dispatch<LargeTiles>(stream, *params);
 }
