@@ -111,6 +111,22 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kHeadDim + ((SWIZZLE ? chunk ^ (row & 7) : chunk) << 3);
 }
 
+// Where one lane's ldmatrix row lies, in bytes from its tile: the lane reads row `row` (whose low
+// three bits are the lane's own, every fragment row being lane % 8 plus a multiple of 8) at
+// chunk 2c + `half`. As 2c ^ x with x = half ^ (row & 7), the swizzle costs one XOR per chunk pair,
+// and moving the row by a multiple of 8 is a constant offset.
+template <int kHeadDim, typename T>
+struct FragmentRow {
+  uint32_t row_bytes;
+  uint32_t chunk_xor;
+  __device__ __forceinline__ FragmentRow(int row, int half)
+      : row_bytes(row * kHeadDim * sizeof(T)), chunk_xor(SWIZZLE ? half ^ (row & 7) : half) {}
+  // Byte offset of this lane's row `rows_down` rows further, at chunk pair `pair` (compile-time constants).
+  __device__ __forceinline__ uint32_t at(int rows_down, int pair) const {
+    return row_bytes + rows_down * kHeadDim * sizeof(T) + (((2 * pair) ^ chunk_xor) << 4);
+  }
+};
+
 template <typename T, int kHeadDim, typename Cfg>
 struct SharedStorage {
   // Per warp of a key-split CTA other than the first: its O accumulators, row maxima and row sums,
@@ -212,9 +228,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
   // shared memory (ldmatrix) for every tile.
   constexpr bool kQInRegs = kHeadDim <= Q_IN_REGS_MAX_D;
   uint32_t q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kHeadDim / 16 : 1][4];
-  const auto q_fragment = [&](uint32_t(&a)[4], int mt, int kk) {
-    ldmatrix_x4(a, smem.q_tile + swizzled<kHeadDim>(warp_row + mt * 16 + lane % 16, kk * 2 + lane / 16));
-  };
+  const uint32_t q_tile = smem_address(smem.q_tile);
+  const FragmentRow<kHeadDim, T> q_row(warp_row + lane % 16, lane / 16);
+  const auto q_fragment = [&](uint32_t(&a)[4], int mt, int kk) { ldmatrix_x4(a, q_tile + q_row.at(mt * 16, kk)); };
+  // K (B operand of Q·Kᵀ): matrices {keys 0-7, 8-15} x {d 0-7, 8-15}; V (B of P·V, transposed):
+  // {keys 0-7, 8-15} x {d 0-7, 8-15} in the other order.
+  const FragmentRow<kHeadDim, T> k_row(slice + lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+  const FragmentRow<kHeadDim, T> v_row(slice + lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
   float o_acc[kMTiles][kDTiles][4] = {};  // O rows g and g+8 of each m-tile, two columns per 8-wide D tile
   float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in exp's units (log2 with FOLD_LOG2E); sum: this lane's part
 #pragma unroll
@@ -244,8 +264,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
     }
-    const T* k_tile = smem.kv.k_tile[tile % kStages];
-    const T* v_tile = smem.kv.v_tile[tile % kStages];
+    const uint32_t k_tile = smem_address(smem.kv.k_tile[tile % kStages]);
+    const uint32_t v_tile = smem_address(smem.kv.v_tile[tile % kStages]);
     const int key0 = tile * kBlockN + slice;   // this warp's first key
     // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
     const bool active = key0 < kv_end && !(causal && key0 > last_row);
@@ -264,7 +284,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
 #pragma unroll
         for (int np = 0; np < kKeyTiles / 2; ++np) {
           uint32_t b[4];
-          ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(slice + np * 16 + lane % 8 + (lane / 16) * 8, kk * 2 + (lane / 8) % 2));
+          ldmatrix_x4(b, k_tile + k_row.at(np * 16, kk));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
@@ -295,22 +315,27 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float tile_max = -INFINITY;
+          float partial[kKeyTiles];   // pairwise trees: short dependency chains
 #pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-          const float new_max = fmaxf(row_max[mt][h], quad_max(tile_max) * score_scale);
+          for (int j = 0; j < kKeyTiles; ++j) partial[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] = fmaxf(partial[j], partial[j + width]);
+          const float new_max = fmaxf(row_max[mt][h], quad_max(partial[0]) * score_scale);
           const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
           const float correction = softmax_exp(row_max[mt][h] - base);
-          float tile_sum = 0.f;
 #pragma unroll
           for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-              tile_sum += s[mt][j][e];
-            }
+            for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
+            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
           }
-          row_sum[mt][h] = row_sum[mt][h] * correction + tile_sum;
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
+          row_sum[mt][h] = row_sum[mt][h] * correction + partial[0];
           row_max[mt][h] = new_max;
 #pragma unroll
           for (int d = 0; d < kDTiles; ++d) {
@@ -343,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(slice + kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 2 + lane / 16));
+          ldmatrix_x4_trans(b, v_tile + v_row.at(kk * 16, dp));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
