@@ -107,7 +107,7 @@ def load(name: str, **tile_params):
     if unknown:
         raise ValueError(f"{name} has no tile parameter(s) {sorted(unknown)}; "
                          f"it has {sorted(phase.tile_params)}")
-    params = {**phase.tile_params, **tile_params}
+    params = {**phase.tile_params_for(gpu.cc), **tile_params}
     built = build.build_extension(name, gpu.cc, params)
     module = built.module
 

@@ -121,9 +121,20 @@ def _params(phase_name: str, tile_params: dict | None) -> dict:
     return {**get(phase_name).tile_params, **(tile_params or {})}
 
 
-def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None) -> list[Buffer]:
+def p07_tiles(head_dim: int, params: dict, split: bool) -> tuple[int, int, int, int]:
+    """p07's (BLOCK_M, BLOCK_N, STAGES, warps) for a head dim: the large-problem configuration, or
+    the key-split one small problems take (16 rows per warp, KV_SPLIT warps per row group)."""
+    if split:
+        return (params["SPLIT_BLOCK_M"], params["SPLIT_BLOCK_N"], params["SPLIT_STAGES"],
+                params["SPLIT_BLOCK_M"] // 16 * params["KV_SPLIT"])
+    wide = head_dim == 128
+    m = params["BLOCK_M_D128"] if wide else params["BLOCK_M"]
+    return m, params["BLOCK_N"], params["STAGES_D128"] if wide else params["STAGES"], m // params["WARP_ROWS"]
+
+
+def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> list[Buffer]:
     """The phase's SharedStorage, field by field in declaration order; tile_params override the
-    registry defaults."""
+    registry defaults. `split`: p07's key-split configuration (small problems)."""
     params = _params(phase_name, tile_params)
     if phase_name in ("p03_wmma", "p04_fp32p"):
         m = n = 32
@@ -144,27 +155,28 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
                 _accumulator(m, head_dim), Buffer("K tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2),
                 Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
     if phase_name == "p07_registers":
-        m, n, stages = params["BLOCK_M"], params["BLOCK_N"], params["STAGES"]
-        # S, P and O live in registers; rows are swizzled instead of padded
+        m, n, stages, _ = p07_tiles(head_dim, params, split)
+        # S, P and O live in registers; rows are swizzled instead of padded. The key-split merge
+        # reuses the K/V buffers (the kernel static_asserts that it fits).
         return [Buffer("Q tile", m, head_dim, 2), Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
                 Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
-def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None) -> int:
+def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> int:
     # A plain sum equals sizeof(SharedStorage): every field is a multiple of 4 bytes long, the
     # struct's alignment, so there is no padding between fields or at the end.
-    return sum(buffer.bytes for buffer in smem_buffers(phase_name, head_dim, tile_params))
+    return sum(buffer.bytes for buffer in smem_buffers(phase_name, head_dim, tile_params, split))
 
 
-def threads_per_block(phase_name: str, tile_params: dict | None = None) -> int:
+def threads_per_block(phase_name: str, tile_params: dict | None = None, head_dim: int = 64, split: bool = False) -> int:
     params = _params(phase_name, tile_params)
     if phase_name in ("p03_wmma", "p04_fp32p"):
         return 4 * WARP
     if phase_name in ("p05_tile64", "p06_async"):
         return params["NUM_WARPS"] * WARP
     if phase_name == "p07_registers":
-        return params["BLOCK_M"] // 16 * WARP   # one warp per 16 query rows
+        return p07_tiles(head_dim, params, split)[3] * WARP
     raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 

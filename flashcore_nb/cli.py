@@ -1,11 +1,12 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
 with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
-(the planted bug, the real kernel clean). The last four write results/<gpu>/experiments/."""
+(the planted bug, the real kernel clean); ablate: chapter 7's techniques switched off one at a time.
+The last five write results/<gpu>/experiments/."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ from .phases import PHASES, get
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep", "sanitize"])
+                                            "precision", "sweep", "sanitize", "ablate"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
         print("phases:", ", ".join(PHASES))
         return 0
     if args.command == "stats":
-        rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params))}
+        rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc)))}
                 for n in names for cc in (args.arch or get(n).archs)]
         print(pd.DataFrame(rows).to_string(index=False))
         return 0
@@ -50,6 +51,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "sanitize":
         print("wrote", sanitize.record())
+        return 0
+    if args.command == "ablate":
+        print("wrote", experiments.record_ablations())
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:

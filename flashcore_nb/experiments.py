@@ -38,6 +38,25 @@ SWEEP_GRIDS = {
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
 SWEEP_TIMING_CASES = ("mission", "b4h16_s2048")
 
+# Chapter 7: each technique changed alone from p07's defaults, checked (small cases take the key-split
+# path, the large ones the large-tile path) and timed on every timing case.
+ABLATION_PHASE = "p07_registers"
+ABLATIONS = {
+    "defaults": {},
+    "no swizzle": {"SWIZZLE": 0},
+    "16 rows per warp": {"WARP_ROWS": 16},
+    "Q re-read every tile (D=64)": {"Q_IN_REGS_MAX_D": 0},
+    "1 stage, FA2 schedule (D=64)": {"STAGES": 1},
+    "3 stages (D=64)": {"STAGES": 3},
+    "2 stages (D=128)": {"STAGES_D128": 2},
+    "128-row tiles (D=128)": {"BLOCK_M_D128": 128},
+    "mask every tile": {"SEPARATE_MASKED_TILES": 0},
+    "exp, scale not folded": {"FOLD_LOG2E": 0},
+    "no key-split path": {"SMALL_PROBLEM_CTAS": 0},
+}
+ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")
+ABLATION_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
+
 
 def path_for(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> Path:
     return root / gpu_slug / "experiments" / f"{name}.json"
@@ -165,7 +184,7 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
     from multiprocessing import get_context
 
     workers = max(1, min(len(configs), (os.cpu_count() or 2) // 2))
-    defaults = get(phase_name).tile_params   # load() builds with these merged in: same cache entry
+    defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         outcomes = pool.map(_prebuild, [(phase_name, cc, {**defaults, **params}) for params in configs])
         return {config_label(p): compile_message(log) for p, log in zip(configs, outcomes) if log}
@@ -194,11 +213,12 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, s
     return row
 
 
-def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print) -> tuple[list[dict], dict]:
+def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print,
+              check_names=SWEEP_CHECK_CASES, timing_names=SWEEP_TIMING_CASES) -> tuple[list[dict], dict]:
     from .bench import time_sdpa_default
     configs = configs or grid_configs(phase_name)
-    check_cases = shapes.select(",".join(SWEEP_CHECK_CASES))
-    timing_cases = shapes.select(",".join(SWEEP_TIMING_CASES))
+    check_cases = shapes.select(",".join(check_names))
+    timing_cases = shapes.select(",".join(timing_names))
     failures = prebuild_all(phase_name, configs, env.gpu().cc)
     sdpa_us = {case.name: time_sdpa_default(case)["gpu_us"] for case in timing_cases}
     rows = []
@@ -219,6 +239,22 @@ def record_sweep(phase_name: str) -> Path:
     record = make_record(sweep_name(phase_name), phase_name, {config_label(p): p for p in configs}, rows)
     record["sdpa"] = sdpa
     return write(record)
+
+
+def record_ablations() -> Path:
+    configs = list(ABLATIONS.values())
+    rows, sdpa = run_sweep(ABLATION_PHASE, configs, check_names=ABLATION_CHECK_CASES,
+                           timing_names=ABLATION_TIMING_CASES)
+    for variant, row in zip(ABLATIONS, rows):
+        row["variant"] = variant
+    record = make_record(f"{ABLATION_PHASE}_ablations", ABLATION_PHASE, dict(zip(ABLATIONS, configs)), rows)
+    record["sdpa"] = sdpa
+    return write(record)
+
+
+def ablation_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
+    record = load(f"{ABLATION_PHASE}_ablations", gpu_slug)
+    return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)
 
 
 def sweep_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:

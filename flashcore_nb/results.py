@@ -111,7 +111,8 @@ def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
 def is_stale(record: dict) -> bool:
     """True when the phase's kernel (or its default tile sizes) changed since the record was made."""
     phase = get(record["phase"])
-    return record["kernel_sha256"] != build.kernel_sha256(phase.kernel_file, phase.tile_params)
+    defaults = phase.tile_params_for(record["env"]["cc"])
+    return record["kernel_sha256"] != build.kernel_sha256(phase.kernel_file, defaults)
 
 
 def environment_line(e: dict, verb: str = "recorded on") -> str:

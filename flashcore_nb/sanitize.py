@@ -19,9 +19,12 @@ CASES = [Case("s17", 1, 2, 17, 64), Case("s40_causal_d128", 1, 2, 40, 128, causa
 TOLERANCE = 2e-3  # fp16 output of values of magnitude ~1
 
 # Beyond each phase's defaults: p05 with 16 lanes per query row and with one, where the in-place
-# S -> P hand-over and the warp loops take their other shapes; p06 with 1 and 3 stages.
+# S -> P hand-over and the warp loops take their other shapes; p06 with 1 and 3 stages; p07's
+# large-tile path (these small cases otherwise take its key-split path) with both pipelines.
 EXTRA_TARGETS = ["p05_tile64:BLOCK_M=32,BLOCK_N=128,NUM_WARPS=16", "p05_tile64:BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4",
-                 "p06_async:STAGES=1", "p06_async:BLOCK_M=32,BLOCK_N=64,NUM_WARPS=16,STAGES=3"]
+                 "p06_async:STAGES=1", "p06_async:BLOCK_M=32,BLOCK_N=64,NUM_WARPS=16,STAGES=3",
+                 "p07_registers:SMALL_PROBLEM_CTAS=0",
+                 "p07_registers:SMALL_PROBLEM_CTAS=0,STAGES=1,BLOCK_M_D128=128,STAGES_D128=2"]
 
 # Chapter 6's recorded runs: the planted bug under memcheck, then the real kernel under each tool.
 PLANTED = "p06_async:PLANTED_BUG=1"

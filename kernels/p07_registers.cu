@@ -26,7 +26,8 @@
 //
 // Ablation switches (each 1 by default; 0 turns one technique off, results unchanged):
 // SWIZZLE, SEPARATE_MASKED_TILES, FOLD_LOG2E. Q_IN_REGS_MAX_D, WARP_ROWS, STAGES and
-// SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others.
+// SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
+// flashcore_nb/phases.py overrides them for other GPUs.
 //
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.
@@ -37,7 +38,7 @@
 #include "common/numeric.cuh"
 #include "common/params.cuh"
 
-// The configuration for problems that fill the GPU.
+// The configuration for problems that fill the GPU (BLOCK_M and STAGES for D = 64; D = 128 has its own).
 #ifndef BLOCK_M
 #define BLOCK_M 128
 #endif
@@ -49,6 +50,12 @@
 #endif
 #ifndef STAGES
 #define STAGES 2
+#endif
+#ifndef BLOCK_M_D128
+#define BLOCK_M_D128 256
+#endif
+#ifndef STAGES_D128
+#define STAGES_D128 1
 #endif
 // The key-split configuration for small problems (16 rows per warp).
 #ifndef SPLIT_BLOCK_M
@@ -100,7 +107,9 @@ struct Tiles {
   static_assert(kStages >= 1 && kStages <= 4, "STAGES must be 1..4");
 };
 
-using LargeTiles = Tiles<BLOCK_M, BLOCK_N, WARP_ROWS, STAGES, 1>;
+template <int kHeadDim>
+using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, WARP_ROWS,
+                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1>;
 using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT>;
 
 // Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
@@ -450,7 +459,8 @@ static bool use_split_tiles(const FlashParams& p) {
         cudaDeviceGetAttribute(&threshold, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
       return false;
   }
-  const long long ctas = static_cast<long long>((p.seqlen_q + BLOCK_M - 1) / BLOCK_M) * p.heads * p.batch;
+  const int block_m = p.head_dim == 128 ? BLOCK_M_D128 : BLOCK_M;
+  const long long ctas = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.heads * p.batch;
   return ctas < threshold;
 }
 
@@ -466,23 +476,26 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   return cudaGetLastError();
 }
 
-template <typename Cfg>
+template <int kHeadDim>
 cudaError_t dispatch(cudaStream_t stream, const FlashParams& p) {
-  const bool bf16 = p.dtype == kBFloat16;
-  if (p.head_dim == 64) return bf16 ? launch<__nv_bfloat16, 64, Cfg>(stream, p) : launch<__half, 64, Cfg>(stream, p);
-  if (p.head_dim == 128) return bf16 ? launch<__nv_bfloat16, 128, Cfg>(stream, p) : launch<__half, 128, Cfg>(stream, p);
-  return cudaErrorInvalidValue;
+  const bool split = use_split_tiles(p), bf16 = p.dtype == kBFloat16;
+  using Large = LargeTiles<kHeadDim>;
+  if (bf16) return split ? launch<__nv_bfloat16, kHeadDim, SplitTiles>(stream, p) : launch<__nv_bfloat16, kHeadDim, Large>(stream, p);
+  return split ? launch<__half, kHeadDim, SplitTiles>(stream, p) : launch<__half, kHeadDim, Large>(stream, p);
 }
 
-template <typename Cfg>
-size_t smem_bytes(int head_dim) {
-  return head_dim == 128 ? sizeof(SharedStorage<__half, 128, Cfg>) : sizeof(SharedStorage<__half, 64, Cfg>);
+template <int kHeadDim>
+size_t smem_bytes(const FlashParams& p) {
+  return use_split_tiles(p) ? sizeof(SharedStorage<__half, kHeadDim, SplitTiles>)
+                            : sizeof(SharedStorage<__half, kHeadDim, LargeTiles<kHeadDim>>);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
-  return use_split_tiles(*params) ? smem_bytes<SplitTiles>(params->head_dim) : smem_bytes<LargeTiles>(params->head_dim);
+  return params->head_dim == 128 ? smem_bytes<128>(*params) : smem_bytes<64>(*params);
 }
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
-  return use_split_tiles(*params) ? dispatch<SplitTiles>(stream, *params) : dispatch<LargeTiles>(stream, *params);
+  if (params->head_dim == 64) return dispatch<64>(stream, *params);
+  if (params->head_dim == 128) return dispatch<128>(stream, *params);
+  return cudaErrorInvalidValue;
 }

@@ -17,20 +17,28 @@ CONFIGS = [
     ("p05_tile64", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8}),
     ("p06_async", {}),
     ("p06_async", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 3}),
+    # SMALL_PROBLEM_CTAS fixed so that the tiny problem takes the key-split path without asking a GPU
+    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000}),
+    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "BLOCK_M": 64, "STAGES": 3, "BLOCK_M_D128": 128,
+                       "STAGES_D128": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1, "KV_SPLIT": 2}),
 ]
 HEAD_DIMS = (64, 128)
 
 # Calls only the host function flashcore_smem_bytes, so the program runs on a machine with no GPU.
+# Two problems: a large one and a one-row one (p07 takes its key-split path for the second).
 MAIN = """
 #include <cstdio>
 #include "common/params.cuh"
 int main() {
-  const int head_dims[] = {64, 128};
-  for (int head_dim : head_dims) {
-    FlashParams params{};
-    params.head_dim = head_dim;
-    std::printf("%d %zu\\n", head_dim, flashcore_smem_bytes(&params));
-  }
+  const int head_dims[] = {64, 128}, sizes[] = {64, 1};
+  for (int size : sizes)
+    for (int head_dim : head_dims) {
+      FlashParams params{};
+      params.head_dim = head_dim;
+      params.batch = params.heads = size;
+      params.seqlen_q = params.seqlen_k = size * 64;
+      std::printf("%d %d %zu\\n", size == 1, head_dim, flashcore_smem_bytes(&params));
+    }
 }
 """
 
@@ -59,7 +67,7 @@ def kernel_sizeof(tmp_path_factory) -> dict[str, dict[int, int]]:
         compiled = subprocess.run(cmd, capture_output=True, text=True)
         assert compiled.returncode == 0, f"{' '.join(cmd)}\n{compiled.stderr}"
         out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-        return {int(d): int(n) for d, n in (line.split() for line in out.splitlines())}
+        return {(bool(int(small)), int(d)): int(n) for small, d, n in (line.split() for line in out.splitlines())}
 
     with ThreadPoolExecutor() as pool:
         return dict(zip(map(_config_id, CONFIGS), pool.map(run, CONFIGS)))
@@ -68,8 +76,11 @@ def kernel_sizeof(tmp_path_factory) -> dict[str, dict[int, int]]:
 @pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
 def test_budget_equals_the_kernels_sizeof(config, kernel_sizeof):
     name, overrides = config
-    for head_dim in HEAD_DIMS:
-        assert budget.smem_bytes(name, head_dim, overrides) == kernel_sizeof[_config_id(config)][head_dim], head_dim
+    for small in (False, True):
+        split = small and name == "p07_registers"
+        for head_dim in HEAD_DIMS:
+            assert budget.smem_bytes(name, head_dim, overrides, split) == \
+                kernel_sizeof[_config_id(config)][small, head_dim], (small, head_dim)
 
 
 def test_buffers_by_name():

@@ -82,6 +82,24 @@ def test_p05_tile_configurations_are_correct(cuda, params):
         assert result.unwritten == 0 and result.passed, result
 
 
+# p07: the large-tile path on the small shapes, the key-split path everywhere, other splits and
+# stage counts, and every ablation switch (each must change the speed, never the result).
+P07_CONFIGS = [{"SMALL_PROBLEM_CTAS": 0}, {"SMALL_PROBLEM_CTAS": 0, "STAGES": 1, "BLOCK_M_D128": 128, "STAGES_D128": 2},
+               {"SMALL_PROBLEM_CTAS": 0, "WARP_ROWS": 16, "STAGES": 3, "Q_IN_REGS_MAX_D": 128},
+               {"SMALL_PROBLEM_CTAS": 1 << 30, "KV_SPLIT": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1},
+               {"SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0},
+               {"SMALL_PROBLEM_CTAS": 0, "SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0}]
+
+
+@pytest.mark.parametrize("params", P07_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_p07_configurations_are_correct(cuda, params):
+    fn = flashcore_nb.load("p07_registers", **params)
+    for case in CORRECTNESS:
+        for dtype in (torch.float16, torch.bfloat16):
+            result = check(fn, case, dtype, seed=2)
+            assert result.unwritten == 0 and result.passed, result
+
+
 def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
     from flashcore_nb.binding import SharedMemoryError
     fn = flashcore_nb.load("p05_tile64", BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8)
