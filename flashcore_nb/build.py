@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -167,7 +168,10 @@ def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool 
         stats = PtxasStats(**json.loads(stats_file.read_text()))
         built = Built(module, name, stats, time.perf_counter() - start, cached=True)
     else:
-        directory.mkdir(parents=True, exist_ok=True)
+        # A build interrupted before its stats were written: start clean, or ninja would find the
+        # objects up to date and print no ptxas report.
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
         module, log = _compile(phase_name, name, directory, cc, tile_params, progress)
         stats = parse_ptxas(log)
         stats_file.write_text(json.dumps(asdict(stats)))

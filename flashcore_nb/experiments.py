@@ -183,11 +183,14 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    workers = max(1, min(len(configs), (os.cpu_count() or 2) // 2))
     defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
+    # one worker per distinct build: two compiling the same extension would share its directory
+    builds = {config_label({**defaults, **params}): params for params in configs}
+    workers = max(1, min(len(builds), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = pool.map(_prebuild, [(phase_name, cc, {**defaults, **params}) for params in configs])
-        return {config_label(p): compile_message(log) for p, log in zip(configs, outcomes) if log}
+        outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, {**defaults, **p}) for p in builds.values()])))
+    return {config_label(p): compile_message(outcomes[config_label({**defaults, **p})])
+            for p in configs if outcomes[config_label({**defaults, **p})]}
 
 
 def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, sdpa_us: dict) -> dict:
