@@ -267,3 +267,72 @@ def pipeline_timeline(tiles: int = 5, copy: float = 1.0, math: float = 1.5, stag
     np.atleast_1d(axes)[-1].set_xlabel(f"time (a tile's copy takes {copy:g}, its math {math:g})")
     fig.tight_layout()
     return fig
+
+
+def fragment_owner(operand: str, row: int, col: int) -> tuple[int, int]:
+    """(lane, register) holding element (row, col) of an mma.m16n8k16 operand, as the PTX ISA lays
+    them out: "A" 16x16 (4 registers of two 16-bit values), "B" 16x8 (k x n, 2 registers), "C" 16x8
+    (4 fp32 registers)."""
+    if operand == "A":
+        return 4 * (row % 8) + (col % 8) // 2, (row >= 8) + 2 * (col >= 8)
+    if operand == "B":
+        return 4 * col + (row % 8) // 2, int(row >= 8)
+    if operand == "C":
+        return 4 * (row % 8) + col // 2, 2 * (row >= 8) + col % 2
+    raise ValueError(f"operand is 'A', 'B' or 'C', not {operand!r}")
+
+
+def mma_fragments():
+    """Who holds what in one mma.m16n8k16: lane number in each cell, colour = register index."""
+    shapes_ = {"A = Q or P (16 x 16)": ("A", 16, 16), "B = Kᵀ or V (16 x 8)": ("B", 16, 8),
+               "C = S or O (16 x 8, fp32)": ("C", 16, 8)}
+    colors = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb"]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.6), gridspec_kw={"width_ratios": [16, 8, 8]})
+    for ax, (title, (operand, rows, cols)) in zip(axes, shapes_.items()):
+        for r in range(rows):
+            for c in range(cols):
+                lane, register = fragment_owner(operand, r, c)
+                ax.add_patch(plt.Rectangle((c, r), 1, 1, facecolor=colors[register], edgecolor="white"))
+                ax.text(c + 0.5, r + 0.5, str(lane), ha="center", va="center", fontsize=6)
+        ax.set_xlim(0, cols)
+        ax.set_ylim(rows, 0)
+        ax.set_aspect("equal")
+        ax.set_xticks([0, cols // 2, cols])
+        ax.set_yticks([0, 8, 16])
+        ax.set_title(title, fontsize=9)
+    prefix = {0: "a", 1: "b", 2: "c"}
+    for ax, index in zip(axes, range(3)):
+        count = 2 if index == 1 else 4
+        ax.legend(handles=[Patch(color=colors[i], label=f"{prefix[index]}{i}") for i in range(count)],
+                  fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.04), ncol=count)
+    fig.suptitle("mma.m16n8k16: the lane (number) and register (colour) of every element. "
+                 "C's layout for two n-tiles side by side is A's layout: S becomes P in place.", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def swizzle_pattern(head_dim: int = 64):
+    """Where the 16-byte chunks of 8 consecutive tile rows land, plain and XOR-swizzled; highlighted:
+    the chunk an ldmatrix reads from each of the 8 rows (one 8x8 matrix, chunk 0)."""
+    chunks = head_dim * 2 // 16
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, swizzled in zip(axes, (False, True)):
+        for row in range(8):
+            for chunk in range(chunks):
+                slot = chunk ^ (row % 8) if swizzled else chunk
+                read = chunk == 0
+                ax.add_patch(plt.Rectangle((slot, row), 1, 1, facecolor="#d62728" if read else "#eeeeee",
+                                           edgecolor="white"))
+                ax.text(slot + 0.5, row + 0.5, str(chunk), ha="center", va="center", fontsize=8,
+                        color="white" if read else "#444444")
+        ax.set_xlim(0, chunks)
+        ax.set_ylim(8, 0)
+        ax.set_xticks(np.arange(chunks) + 0.5, [f"banks\n{4 * (s % 8)}-{4 * (s % 8) + 3}" for s in range(chunks)],
+                      fontsize=6)
+        ax.set_ylabel("tile row")
+        used = len({(c ^ r if swizzled else c) % 8 for r in range(8) for c in [0]})
+        ax.set_title(f"{'XOR-swizzled: chunk ^ (row % 8)' if swizzled else 'plain row-major'} — the red reads "
+                     f"hit {used} bank group{'s' if used > 1 else ''}", fontsize=9)
+    fig.suptitle(f"Rows of {head_dim} halves = {chunks} chunks of 16 bytes; the number is the logical chunk", fontsize=9)
+    fig.tight_layout()
+    return fig
