@@ -1,11 +1,14 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,peaks,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
 with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
-(the planted bug, the real kernel clean). The last four write results/<gpu>/experiments/."""
+(the planted bug, the real kernel clean); peaks: this GPU's measured fp16/bf16 matmul rate and copy
+bandwidth, the roofline's ceilings. The last five write results/<gpu>/experiments/. figures: the
+README's ladder figure from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,19 +16,21 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, experiments, results, sanitize, shapes
+from . import binding, build, env, experiments, peaks, plots, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
+from .paths import README_FIGURE
 from .phases import PHASES, get
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep", "sanitize"])
+                                            "precision", "sweep", "sanitize", "peaks", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
                         help="stats: compute capability to compile for (repeatable; default: the phase's archs)")
+    parser.add_argument("--out", default=str(README_FIGURE), help="figures: where to write the PNG")
     args = parser.parse_args(argv)
     names = list(PHASES) if args.phase == "all" else [get(args.phase).name]
 
@@ -37,6 +42,9 @@ def main(argv=None) -> int:
         rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params))}
                 for n in names for cc in (args.arch or get(n).archs)]
         print(pd.DataFrame(rows).to_string(index=False))
+        return 0
+    if args.command == "figures":
+        print("wrote", plots.export_ladder(args.out))
         return 0
 
     if env.gpu() is None:
@@ -50,6 +58,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "sanitize":
         print("wrote", sanitize.record())
+        return 0
+    if args.command == "peaks":
+        print("wrote", peaks.record())
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:
