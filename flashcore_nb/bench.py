@@ -23,7 +23,7 @@ GRAPH_TARGET_MS = 20.0   # each graph replay lasts about this long
 REPEATS = 15
 
 
-def _event_time_us(call, iterations: int) -> float:
+def event_time_us(call, iterations: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iterations):
@@ -42,7 +42,7 @@ def gpu_time_us(call) -> dict:
         for _ in range(3):
             call()
     torch.cuda.current_stream().wait_stream(side)
-    estimate = _event_time_us(call, 3)
+    estimate = event_time_us(call, 3)
     calls = max(1, min(200, round(GRAPH_TARGET_MS * 1e3 / max(estimate, 1e-3))))
     repeats = REPEATS if estimate * calls < 50e3 else 3
     graph = torch.cuda.CUDAGraph()
@@ -50,7 +50,7 @@ def gpu_time_us(call) -> dict:
         for _ in range(calls):
             call()
     graph.replay()
-    times = [_event_time_us(graph.replay, 1) / calls for _ in range(repeats)]
+    times = [event_time_us(graph.replay, 1) / calls for _ in range(repeats)]
     return {"gpu_us": statistics.median(times), "gpu_us_min": min(times)}
 
 
@@ -123,5 +123,5 @@ def matmul_tflops(n: int = 8192, dtype=torch.float16) -> float:
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     for _ in range(3):
         a @ b
-    us = _event_time_us(lambda: a @ b, 10)
+    us = event_time_us(lambda: a @ b, 10)
     return 2.0 * n ** 3 / (us * 1e-6) / 1e12

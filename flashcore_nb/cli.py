@@ -1,12 +1,15 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,peaks,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
 with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
-(the planted bug, the real kernel clean); ablate: chapter 7's techniques switched off one at a time.
-The last five write results/<gpu>/experiments/."""
+(the planted bug, the real kernel clean); ablate: chapter 7's techniques switched off one at a time;
+peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings. The last
+six write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results
+(no GPU needed; --out, default book/_static/ladder.png).
+"""
 from __future__ import annotations
 
 import argparse
@@ -14,19 +17,21 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, experiments, results, sanitize, shapes
+from . import binding, build, env, experiments, peaks, plots, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
+from .paths import README_FIGURE
 from .phases import PHASES, get
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep", "sanitize", "ablate"])
+                                            "precision", "sweep", "sanitize", "ablate", "peaks", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
                         help="stats: compute capability to compile for (repeatable; default: the phase's archs)")
+    parser.add_argument("--out", default=str(README_FIGURE), help="figures: where to write the PNG")
     args = parser.parse_args(argv)
     names = list(PHASES) if args.phase == "all" else [get(args.phase).name]
 
@@ -38,6 +43,9 @@ def main(argv=None) -> int:
         rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc)))}
                 for n in names for cc in (args.arch or get(n).archs)]
         print(pd.DataFrame(rows).to_string(index=False))
+        return 0
+    if args.command == "figures":
+        print("wrote", plots.export_ladder(args.out))
         return 0
 
     if env.gpu() is None:
@@ -54,6 +62,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "ablate":
         print("wrote", experiments.record_ablations())
+        return 0
+    if args.command == "peaks":
+        print("wrote", peaks.record())
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:

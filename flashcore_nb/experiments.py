@@ -1,5 +1,6 @@
 """Recorded experiments that build a phase with other -D defines: chapter 4's precision experiment
-and the tile-size sweeps (chapter 5's heatmap and widget).
+and the tile-size sweeps (chapter 5's heatmap and widget); peaks.py records the GPU's ceilings with
+the same machinery.
 
 Each is written by the CLI on a real GPU to results/<gpu>/experiments/<name>.json with the same
 provenance as a phase record, and the sha256 of every kernel build it measured, so that a record
@@ -66,15 +67,16 @@ def sweep_name(phase_name: str) -> str:
     return f"{phase_name}_sweep"
 
 
-def make_record(name: str, phase_name: str, builds: dict[str, dict], rows: list[dict]) -> dict:
-    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured."""
-    phase = get(phase_name)
-    builds = {label: {**phase.tile_params, **params} for label, params in builds.items()}
+def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict]) -> dict:
+    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured.
+    A measurement of the GPU alone (peaks.py) names no phase and no builds, so it never goes stale."""
+    builds = {label: {**get(phase_name).tile_params, **params} for label, params in builds.items()}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
         "phase": phase_name,
-        "builds": {label: {"tile_params": params, "kernel_sha256": build.kernel_sha256(phase.kernel_file, params)}
+        "builds": {label: {"tile_params": params,
+                           "kernel_sha256": build.kernel_sha256(get(phase_name).kernel_file, params)}
                    for label, params in builds.items()},
         **results.stamp(),
         "rows": rows,
@@ -92,7 +94,7 @@ def load(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DI
     path = path_for(name, gpu_slug, root)
     if not path.exists():
         raise FileNotFoundError(f"no recorded experiment {name!r} for {gpu_slug}; record it on a GPU with the "
-                                f"CLI (`python -m flashcore_nb --help` lists precision, sweep and sanitize)")
+                                f"CLI (`python -m flashcore_nb --help` lists precision, sweep, sanitize and peaks)")
     return json.loads(path.read_text())
 
 
@@ -102,9 +104,8 @@ def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
 
 def stale_builds(record: dict) -> list[str]:
     """Labels of the builds whose kernel source, headers or defines changed since the record."""
-    kernel_file = get(record["phase"]).kernel_file
     return [label for label, b in record["builds"].items()
-            if b["kernel_sha256"] != build.kernel_sha256(kernel_file, b["tile_params"])]
+            if b["kernel_sha256"] != build.kernel_sha256(get(record["phase"]).kernel_file, b["tile_params"])]
 
 
 def provenance(record: dict) -> str:

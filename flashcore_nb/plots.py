@@ -1,4 +1,4 @@
-"""Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, shared-memory budgets."""
+"""Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, the roofline, shared-memory budgets."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -7,9 +7,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 import pandas as pd
 
-from . import budget, results
+from . import budget, results, shapes
 from .bench import SDPA_BACKENDS, baseline_us
-from .phases import PHASES
+from .roofline import attainable_tflops, intensity, ridge
 
 SDPA_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
                "sdpa_cudnn": "#2ca02c"}
@@ -60,28 +60,102 @@ def errors(runs: pd.DataFrame, provenance: str):
     return fig
 
 
-def ladder(case: str = "mission", upto: str | None = None, gpu_slug: str = results.DEFAULT_GPU):
-    """GPU time of every recorded phase (up to and including `upto`) at one case, log scale, with
-    SDPA's from each phase's own run."""
-    names, ours, sdpa = [], [], []
-    order = list(PHASES)
-    for name in order[: order.index(upto) + 1] if upto else order:
-        record = results.load(name, gpu_slug)
-        if record is None:
-            continue
-        run = next(r for r in record["runs"] if r["case"] == case and r["gpu_us"] is not None)
-        names.append(name)
-        ours.append(run["gpu_us"])
-        sdpa.append(baseline_us(run["baselines"], "sdpa_default"))
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(names) + 1.6))
+SDPA_MARKERS = {"sdpa_default": "o", "sdpa_flash": "s", "sdpa_efficient": "^", "sdpa_cudnn": "D"}
+
+
+def _draw_ladder(ax, records: dict[str, dict], case: str, backends) -> None:
+    """Bars: each phase's GPU time at `case`; markers joined by a line: SDPA backends from each phase's run."""
+    runs = [next(r for r in record["runs"] if r["case"] == case and r["gpu_us"] is not None)
+            for record in records.values()]
+    names, ours = list(records), [run["gpu_us"] for run in runs]
     ax.barh(names, ours, color="#d62728", label="FlashCore phase")
-    ax.scatter(sdpa, names, color="#444444", zorder=3, label="SDPA default, same run")
+    for backend in backends:
+        sdpa = [baseline_us(run["baselines"], backend) for run in runs]
+        ax.plot(np.array(sdpa, dtype=float), names, marker=SDPA_MARKERS[backend], color=SDPA_COLORS[backend],
+                linewidth=0.8, zorder=3, label=f"{backend.replace('_', ' ')}, same run")
     for y, value in enumerate(ours):
         ax.text(value, y, f" {value:,.1f} µs", va="center", fontsize=8)
     ax.set_xscale("log")
+    ax.set_xlim(right=max(ours) * 4)   # room for the value labels
     ax.invert_yaxis()
     ax.set_xlabel(f"GPU time per call at '{case}' (µs, log)")
+
+
+def ladder(case: str = "mission", upto: str | None = None, gpu_slug: str = results.DEFAULT_GPU,
+           backends=("sdpa_default",)):
+    """GPU time of every recorded phase (up to and including `upto`) at one case, log scale, with
+    SDPA's from each phase's own run."""
+    records, _ = results.recorded_phases(gpu_slug, upto=upto)
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(records) + 1.6))
+    _draw_ladder(ax, records, case, backends)
     ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def ladders(cases, gpu_slug: str = results.DEFAULT_GPU, backends=("sdpa_default", "sdpa_flash")):
+    """The ladder at several cases side by side, one panel each (each with its own log axis)."""
+    records, _ = results.recorded_phases(gpu_slug)
+    fig, axes = plt.subplots(1, len(cases), figsize=(3.6 * len(cases), 0.45 * len(records) + 1.8), sharey=True)
+    for ax, case in zip(np.atleast_1d(axes), cases):
+        _draw_ladder(ax, records, case, backends)
+        ax.set_xlabel("µs, log")
+        ax.set_title(shapes.select(case)[0].label(), fontsize=8)
+        ax.tick_params(labelsize=7)
+    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=len(labels), loc="lower center")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def export_ladder(path, gpu_slug: str = results.DEFAULT_GPU):
+    """The README's figure: the mission-shape ladder with SDPA default and flash, fingerprinted in the
+    PNG's metadata with the records it was drawn from (a test compares it with the current records)."""
+    records, _ = results.recorded_phases(gpu_slug)
+    fig = ladder("mission", gpu_slug=gpu_slug, backends=("sdpa_default", "sdpa_flash"))
+    gpu = next(iter(records.values()))["env"]["gpu"]
+    fig.axes[0].set_title(f"FlashCore phases at {shapes.MISSION.label()} fp16, {gpu}; SDPA from each phase's run",
+                          fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Software": None, "Source": results.digest(records)})
+    plt.close(fig)
+    return path
+
+
+def roofline(frame: pd.DataFrame, peaks, dtype: str = "float16"):
+    """Achieved TFLOP/s of every phase (and of SDPA default, from the last phase's run) at each timed
+    case against the case's arithmetic intensity, under the measured ceilings (peaks.Peaks)."""
+    case_names = list(dict.fromkeys(frame["case"]))
+    x_of = {name: intensity(shapes.select(name)[0]) for name in case_names}
+    peak, bandwidth = peaks.matmul_tflops[dtype], peaks.bandwidth_gb_s
+    knee = ridge(peak, bandwidth)
+    xs = np.geomspace(min(*x_of.values(), knee) / 4, max(*x_of.values(), knee) * 4, 200)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.plot(xs, [attainable_tflops(x, peak, bandwidth) for x in xs], color="black", linewidth=1.5)
+    ax.text(xs[-1], peak, f"measured {dtype} matmul: {peak:.0f} TFLOP/s ", ha="right", va="bottom", fontsize=8)
+    ax.text(xs[0], attainable_tflops(xs[0], peak, bandwidth) * 1.4, f" measured copy: {bandwidth / 1e3:.2f} TB/s",
+            ha="left", va="bottom", fontsize=8)
+    ax.axvline(knee, color="#999999", linestyle=":", linewidth=1)
+    ax.text(knee, peak * 1.1, f"ridge {knee:.0f} FLOP/B", ha="center", va="bottom", fontsize=7, color="#555555")
+    markers = dict(zip(case_names, "osD^v<>PX*"))
+    phases = list(dict.fromkeys(frame["phase"]))
+    colors = plt.get_cmap("tab10")
+    for i, phase in enumerate(phases):
+        for _, run in frame[frame["phase"] == phase].iterrows():
+            ax.scatter(x_of[run["case"]], run["tflops"], marker=markers[run["case"]], color=colors(i), zorder=3)
+    for _, run in frame[frame["phase"] == phases[-1]].iterrows():
+        ax.scatter(x_of[run["case"]], run["sdpa_default_tflops"], marker=markers[run["case"]], zorder=3,
+                   facecolors="none", edgecolors="black")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of minimum HBM traffic: Q, K, V read once, O written once)")
+    ax.set_ylabel("achieved TFLOP/s (log)")
+    handles = [Line2D([], [], marker="o", linestyle="", color=colors(i), label=p) for i, p in enumerate(phases)]
+    handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="black",
+                          label=f"SDPA default ({phases[-1]}'s run)"))
+    handles += [Line2D([], [], marker=markers[c], linestyle="", color="#999999", label=c) for c in case_names]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(peaks.provenance, fontsize=7)
     fig.tight_layout()
     return fig
 

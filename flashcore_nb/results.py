@@ -5,15 +5,18 @@ the kernel changes, the record is stale: pages flag it and the test suite fails 
 re-recorded."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import build, env
+import pandas as pd
+
+from . import build, env, shapes
 from .paths import RESULTS_DIR, ROOT
-from .phases import get
+from .phases import PHASES, get
 
 SCHEMA_VERSION = 1
 DEFAULT_GPU = "nvidia-h100-80gb-hbm3"    # what the static book shows
@@ -140,3 +143,56 @@ def history(phase_name: str, gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_D
     older = [json.loads(p.read_text()) for p in (root / gpu_slug / "history").glob(f"{phase_name}-*.json")]
     current = load(phase_name, gpu_slug, root)
     return sorted(older, key=lambda r: r["recorded_at"]) + ([current] if current else [])
+
+
+# --- every phase side by side (the results chapter, the README) -------------------------------------
+
+def recorded_phases(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR,
+                    upto: str | None = None) -> tuple[dict[str, dict], list[str]]:
+    """The records of the registered phases in order (up to and including `upto`), and the names of
+    the phases that have none yet."""
+    names = list(PHASES)
+    if upto:
+        names = names[: names.index(upto) + 1]
+    records = {name: load(name, gpu_slug, root) for name in names}
+    return ({name: r for name, r in records.items() if r is not None},
+            [name for name, r in records.items() if r is None])
+
+
+def timing_frame(records: dict[str, dict]) -> pd.DataFrame:
+    """One row per (phase, timed case): the phase's GPU time and TFLOP/s, each SDPA backend's from the
+    same run (NaN where a backend did not run), and that run's measured matmul rate."""
+    from .bench import SDPA_BACKENDS
+    rows = []
+    for name, record in records.items():
+        for run in record["runs"]:
+            if run["gpu_us"] is None:
+                continue
+            row = {"phase": name, "case": run["case"], "gpu_us": run["gpu_us"], "tflops": run["tflops"],
+                   "matmul_tflops": record["matmul_tflops"]}
+            for backend in SDPA_BACKENDS:
+                timing = (run["baselines"] or {}).get(backend) or {}
+                row[f"{backend}_us"] = timing.get("gpu_us")
+                row[f"{backend}_tflops"] = timing.get("tflops")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def headline(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> str:
+    """The fastest recorded phase at the mission shape against SDPA's default backend from the same
+    run: the README's headline sentence (a test keeps the two equal)."""
+    records, _ = recorded_phases(gpu_slug, root)
+    frame = timing_frame(records)
+    mission = frame[frame["case"] == shapes.MISSION.name]
+    best = mission.loc[mission["gpu_us"].idxmin()]
+    return (f"Fastest at the mission shape ({shapes.MISSION.label()} fp16) on the {records[best['phase']]['env']['gpu']}: "
+            f"{best['phase']}, {best['gpu_us']:.1f} µs per call, "
+            f"{best['gpu_us'] / best['sdpa_default_us']:.2f}× the time of SDPA's default backend "
+            f"({best['sdpa_default_us']:.1f} µs in the same run).")
+
+
+def digest(records: dict[str, dict]) -> str:
+    """A short fingerprint of the records a figure was drawn from, stored in the exported PNG so that
+    a test can tell when the figure is older than the records."""
+    text = json.dumps(records, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

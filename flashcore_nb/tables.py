@@ -1,11 +1,13 @@
-"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU."""
+"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, and
+every phase side by side (the results chapter)."""
 from __future__ import annotations
 
 import pandas as pd
 
-from . import budget, build, results
+from . import budget, build, results, roofline
 from .bench import SDPA_BACKENDS, baseline_us
 from .phases import get
+from .shapes import Case
 
 
 def correctness(runs: pd.DataFrame) -> pd.DataFrame:
@@ -79,5 +81,74 @@ def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
             row[f"{gpu.name} blocks/SM"] = occ.blocks_per_sm
             row[f"{gpu.name} occupancy %"] = 100.0 * occ.occupancy
             row[f"{gpu.name} limiter"] = occ.limiter if occ.fits else f"does not fit ({occ.limiter})"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- every phase side by side: frames from results.timing_frame ------------------------------------
+
+def phases_correctness(records: dict[str, dict]) -> pd.DataFrame:
+    """One row per phase: its checks (case x dtype), whether all passed, outputs left unwritten, and the
+    worst error as a multiple of SDPA's on the same inputs (1 = as accurate as SDPA)."""
+    rows = []
+    for name, record in records.items():
+        runs = correctness(pd.DataFrame(record["runs"]))
+        worst = runs.loc[runs["err / sdpa err"].idxmax()]
+        rows.append({"phase": name, "checks": len(runs), "dtypes": ", ".join(dict.fromkeys(runs["dtype"])),
+                     "all passed": bool(runs["passed"].all()), "unwritten": int(runs["unwritten"].sum()),
+                     "max |error|": runs["max_abs_err"].max(), "worst err / sdpa err": worst["err / sdpa err"],
+                     "worst case": f"{worst['case']} ({worst['dtype']})"})
+    return pd.DataFrame(rows)
+
+
+def phases_speed(frame: pd.DataFrame) -> pd.DataFrame:
+    """GPU time of every phase at every timed case, each SDPA backend from the same run beside it."""
+    table = frame[["case", "phase", "gpu_us", *(f"{b}_us" for b in SDPA_BACKENDS)]].copy()
+    table.columns = ["case", "phase", "phase µs", *(f"{b.removeprefix('sdpa_')} µs" for b in SDPA_BACKENDS)]
+    table["phase / default"] = table["phase µs"] / table["default µs"]
+    case_order = {case: i for i, case in enumerate(dict.fromkeys(frame["case"]))}
+    return table.sort_values("case", key=lambda c: c.map(case_order), kind="stable").set_index(["case", "phase"])
+
+
+def _by_phase(frame: pd.DataFrame, values: pd.Series) -> pd.DataFrame:
+    """phase x case, both in recorded order."""
+    table = frame.assign(value=values).pivot(index="phase", columns="case", values="value")
+    return table.loc[list(dict.fromkeys(frame["phase"])), list(dict.fromkeys(frame["case"]))]
+
+
+def phases_vs_sdpa(frame: pd.DataFrame) -> pd.DataFrame:
+    """phase x case: GPU time / SDPA default's in the same run (below 1 would beat it)."""
+    return _by_phase(frame, frame["gpu_us"] / frame["sdpa_default_us"])
+
+
+def phase_steps(frame: pd.DataFrame) -> pd.DataFrame:
+    """phase x case: how many times faster than the phase before (below 1: slower)."""
+    times = _by_phase(frame, frame["gpu_us"])
+    return times.shift(1) / times
+
+
+def phases_throughput(frame: pd.DataFrame) -> pd.DataFrame:
+    """phase x case: TFLOP/s, and % of the dense fp16 matmul rate measured in the same run. The last
+    rows are SDPA's default backend from the last phase's run."""
+    last = frame[frame["phase"] == frame["phase"].iloc[-1]]
+    sdpa = last.assign(phase=f"SDPA default ({last['phase'].iloc[0]}'s run)", gpu_us=last["sdpa_default_us"],
+                       tflops=last["sdpa_default_tflops"])
+    both = pd.concat([frame, sdpa], ignore_index=True)
+    return pd.concat({"TFLOP/s": _by_phase(both, both["tflops"]),
+                      "% of matmul peak": _by_phase(both, 100.0 * both["tflops"] / both["matmul_tflops"])}, axis=1)
+
+
+def intensity(cases: list[Case], peaks=None) -> pd.DataFrame:
+    """FLOPs, minimum HBM traffic and arithmetic intensity per case; with measured peaks (peaks.Peaks),
+    the roofline's attainable fp16 TFLOP/s and which ceiling sets it."""
+    rows = []
+    for case in cases:
+        flop_per_byte = roofline.intensity(case)
+        row = {"case": case.name, "shape": case.label(), "GFLOP": case.flops() / 1e9,
+               "min HBM MB": roofline.min_hbm_bytes(case) / 1e6, "FLOP / byte": flop_per_byte}
+        if peaks is not None:
+            peak, bandwidth = peaks.matmul_tflops["float16"], peaks.bandwidth_gb_s
+            row["roofline TFLOP/s"] = roofline.attainable_tflops(flop_per_byte, peak, bandwidth)
+            row["bound by"] = "memory" if flop_per_byte < roofline.ridge(peak, bandwidth) else "compute"
         rows.append(row)
     return pd.DataFrame(rows)

@@ -26,3 +26,25 @@ def test_stats_compiles_without_a_gpu():
 def test_gpu_commands_refuse_clearly_without_a_gpu():
     proc = run("check", "--phase", "p01_baseline")
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_help_lists_every_verb():
+    proc = run("--help")
+    assert proc.returncode == 0
+    for verb in ("record", "precision", "sweep", "sanitize", "peaks", "figures"):
+        assert verb in proc.stdout, verb
+
+
+def test_peaks_needs_a_gpu():
+    proc = run("peaks")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_figures_writes_the_ladder_without_a_gpu(tmp_path):
+    from PIL import Image
+
+    from flashcore_nb import results
+    out = tmp_path / "ladder.png"
+    proc = run("figures", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert Image.open(out).text["Source"] == results.digest(results.recorded_phases()[0])

@@ -149,3 +149,11 @@ def test_memcheck_finds_the_planted_bug(cuda):
     result = sanitize.run("memcheck", [sanitize.PLANTED], ("--error-exitcode=3", "--print-limit", "3"))
     assert result["returncode"] != 0
     assert "Invalid __shared__ write of size 16 bytes" in result["report"], result["report"][-4000:]
+
+
+def test_peaks_measures_matmul_and_copy_bandwidth(cuda):
+    from flashcore_nb import peaks
+    copy = peaks.copy_bandwidth(nbytes=256 << 20, repeats=3)
+    matmul = peaks.matmul("bfloat16", repeats=2)
+    assert copy["measure"] == "copy" and copy["gb_s"] > 100 and len(copy["gb_s_all"]) == 3
+    assert matmul["dtype"] == "bfloat16" and matmul["tflops"] > 1
