@@ -51,7 +51,9 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
     table = pd.DataFrame(rows).rename(columns={"smem_bytes": "static smem bytes"})
     if phase_name in budget.PHASES_WITH_LAYOUT:
         for head_dim in phase.head_dims:
-            table[f"dynamic smem bytes (D={head_dim})"] = budget.smem_bytes(phase_name, head_dim)
+            table[f"dynamic smem bytes (D={head_dim})"] = [
+                budget.smem_bytes(phase_name, head_dim, phase.tile_params_for(int(arch.removeprefix("sm_"))))
+                for arch in table["arch"]]
     return table, source
 
 
