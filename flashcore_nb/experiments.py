@@ -186,12 +186,12 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
 
     defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
     # one worker per distinct build: two compiling the same extension would share its directory
-    builds = {config_label({**defaults, **params}): params for params in configs}
+    build_of = {config_label(params): config_label({**defaults, **params}) for params in configs}
+    builds = {config_label({**defaults, **params}): {**defaults, **params} for params in configs}
     workers = max(1, min(len(builds), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, {**defaults, **p}) for p in builds.values()])))
-    return {config_label(p): compile_message(outcomes[config_label({**defaults, **p})])
-            for p in configs if outcomes[config_label({**defaults, **p})]}
+        outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, p) for p in builds.values()])))
+    return {label: compile_message(outcomes[build]) for label, build in build_of.items() if outcomes[build]}
 
 
 def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, sdpa_us: dict) -> dict:
