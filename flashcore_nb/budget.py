@@ -156,9 +156,11 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
                 Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
     if phase_name == "p07_registers":
         m, n, stages, _ = p07_tiles(head_dim, params, split)
-        # S, P and O live in registers; rows are swizzled instead of padded. The key-split merge
-        # reuses the K/V buffers (the kernel static_asserts that it fits).
-        return [Buffer("Q tile", m, head_dim, 2), Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
+        # S, P and O live in registers; rows are swizzled instead of padded. One Q buffer per stage:
+        # the next query tile's Q is copied while the last key tiles of this one are computed. The
+        # key-split merge reuses the K/V buffers (the kernel static_asserts that it fits).
+        return [Buffer("Q tiles (x STAGES)", stages * m, head_dim, 2),
+                Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
                 Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 

@@ -31,6 +31,7 @@
 //
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.
+#include <algorithm>
 #include <cmath>
 
 #include "common/async_copy.cuh"
@@ -86,6 +87,15 @@
 #ifndef FOLD_LOG2E
 #define FOLD_LOG2E 1
 #endif
+// Rescale O and the row sums only when some row's maximum grew by more than 2^8 (in exp's units).
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 1
+#endif
+// As many CTAs as fit on the GPU at once, each looping over query tiles and copying the next tile's
+// Q, K and V while it finishes the current one; 0: one CTA per query tile.
+#ifndef PERSISTENT
+#define PERSISTENT 1
+#endif
 
 template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_>
 struct Tiles {
@@ -99,6 +109,9 @@ struct Tiles {
   static constexpr int kWarps = kRowWarps * kKvSplit;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSliceN = kBlockN / kKvSplit;   // keys of a tile one warp multiplies
+  // Q tiles in flight (see the kernel's fetch cursor): the copy of the next query tile's Q starts
+  // while up to kStages - 1 tiles of earlier ones are still being computed.
+  static constexpr int kQBuffers = kStages;
   static_assert(kWarpRows == 16 || kWarpRows == 32, "WARP_ROWS is 16 or 32 query rows per warp");
   static_assert(kBlockM % kWarpRows == 0, "BLOCK_M must be a multiple of WARP_ROWS");
   static_assert(kWarps >= 1 && kWarps <= 16, "a CTA has 1..16 warps (BLOCK_M / WARP_ROWS x KV_SPLIT)");
@@ -142,7 +155,7 @@ struct SharedStorage {
   // lane-major (value i of lane l at [i * 32 + l]).
   static constexpr int kMergeValues = Cfg::kMTiles * (kHeadDim / 8) * 4 + Cfg::kMTiles * 4;
   static constexpr int kMergeFloats = (Cfg::kKvSplit - 1) * Cfg::kRowWarps * kMergeValues * 32;
-  T q_tile[Cfg::kBlockM * kHeadDim];
+  T q_tile[Cfg::kQBuffers][Cfg::kBlockM * kHeadDim];
   union {
     struct {
       T k_tile[Cfg::kStages][Cfg::kBlockN * kHeadDim];
@@ -154,18 +167,42 @@ struct SharedStorage {
 };
 
 // cp.async a tile of kRows rows starting at row `first` into its swizzled buffer; rows past `seqlen`
-// are zero-filled.
+// are zero-filled. Each thread copies the same chunk of every kThreads / kChunksPerRow-th row: when
+// that row step is a multiple of 8, the swizzle is the same on every pass, and both addresses
+// advance by a constant.
 template <int kRows, int kHeadDim, int kThreads, typename T>
 __device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
   constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kChunks = kRows * kChunksPerRow;
+  constexpr int kPasses = (kChunks + kThreads - 1) / kThreads, kRowStep = kThreads / kChunksPerRow;
+  if constexpr (kThreads % (8 * kChunksPerRow) == 0) {
+    const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+    const T* from = base + static_cast<int64_t>(first + row) * row_stride + chunk * 8;
+    const int64_t from_step = kRowStep * row_stride;
+    T* to = tile + swizzled<kHeadDim>(row, chunk);
+    if (first + kRows <= seqlen) {   // every tile but a sequence's last: no row to test
 #pragma unroll
-  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
-    const int index = i * kThreads + threadIdx.x;
-    if (kChunks % kThreads != 0 && index >= kChunks) break;
-    const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    const bool inside = first + row < seqlen;
-    cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
-                inside);
+      for (int i = 0; i < kPasses; ++i, from += from_step) {
+        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
+        cp_async_16(to + i * kRowStep * kHeadDim, from, true);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i, from += from_step) {
+        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
+        const bool inside = first + row + i * kRowStep < seqlen;
+        cp_async_16(to + i * kRowStep * kHeadDim, inside ? from : base, inside);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int index = i * kThreads + threadIdx.x;
+      if (kChunks % kThreads != 0 && index >= kChunks) break;
+      const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+      const bool inside = first + row < seqlen;
+      cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
+                  inside);
+    }
   }
 }
 
@@ -182,8 +219,25 @@ __device__ __forceinline__ float quad_sum(float x) {
 // exp of a score already multiplied by score_scale and shifted by the row maximum.
 __device__ __forceinline__ float softmax_exp(float x) { return FOLD_LOG2E ? fast_exp2(x) : __expf(x); }
 
+// One query tile of one head: which rows, and how many key tiles it needs.
+template <int kBlockM, int kBlockN>
+struct WorkItem {
+  int index, batch, head, q_start, kv_end, num_tiles;
+  __device__ __forceinline__ WorkItem(const FlashParams& p, int index_) : index(index_) {
+    const int q_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, heads_total = p.batch * p.heads;
+    const int q_block = p.causal ? q_blocks - 1 - index / heads_total : index % q_blocks;
+    const int head_index = p.causal ? index % heads_total : index / q_blocks;
+    head = head_index % p.heads;
+    batch = head_index / p.heads;
+    q_start = q_block * kBlockM;
+    // Top-left causal: the tile's last query row sees keys 0..q_start + kBlockM - 1.
+    kv_end = p.causal ? min(p.seqlen_k, q_start + kBlockM) : p.seqlen_k;
+    num_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  }
+};
+
 template <typename T, int kHeadDim, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(const FlashParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(const FlashParams params) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kMTiles = Cfg::kMTiles, kSliceN = Cfg::kSliceN, kWarpRows = Cfg::kWarpRows;
   constexpr int kDTiles = kHeadDim / 8, kKeyTiles = kSliceN / 8;
@@ -196,257 +250,293 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_registers_kernel(cons
   const int warp_row = row_warp * kWarpRows;   // this warp's first row in the tile
   const int slice = split * kSliceN;           // this warp's first key in every tile
 
-  // One-dimensional grid. Causal: the last query tiles see the most keys, so they go first.
-  const int q_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM, heads_total = params.batch * params.heads;
-  const int q_block = params.causal ? q_blocks - 1 - static_cast<int>(blockIdx.x) / heads_total
-                                    : static_cast<int>(blockIdx.x) % q_blocks;
-  const int head_index = params.causal ? blockIdx.x % heads_total : blockIdx.x / q_blocks;
-  const int head = head_index % params.heads, batch = head_index / params.heads, q_start = q_block * kBlockM;
-
-  const T* q = row_ptr(static_cast<const T*>(params.q), params.q_strides, batch, head, 0);
-  const T* k = row_ptr(static_cast<const T*>(params.k), params.k_strides, batch, head, 0);
-  const T* v = row_ptr(static_cast<const T*>(params.v), params.v_strides, batch, head, 0);
-  const int64_t k_stride = params.k_strides[2], v_stride = params.v_strides[2];
+  // Query tiles ("items") are dealt to the CTAs in rounds, alternately in order and in reverse, so
+  // each CTA's total stays even when the items differ in length. Causal: the last query tiles see
+  // the most keys, so they come first.
+  const auto item_of = [&](int round) {
+    const int ctas = gridDim.x, cta = blockIdx.x;
+    return round * ctas + (round % 2 ? ctas - 1 - cta : cta);
+  };
+  const auto head_rows = [&](const void* base, const int64_t* strides, const WorkItem<kBlockM, kBlockN>& item) {
+    return row_ptr(static_cast<const T*>(base), strides, item.batch, item.head, 0);
+  };
   const int seqlen_k = params.seqlen_k;
   const bool causal = params.causal;
+  const int64_t k_stride = params.k_strides[2], v_stride = params.v_strides[2];
+  const int num_items = (params.seqlen_q + kBlockM - 1) / kBlockM * params.batch * params.heads;
 
-  // Top-left causal: the last query row of this tile sees keys 0..q_start + kBlockM - 1.
-  const int kv_end = causal ? min(seqlen_k, q_start + kBlockM) : seqlen_k;
-  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  const auto copy_k = [&](int tile) {
-    if (tile < num_tiles)
-      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[tile % kStages], k, k_stride, tile * kBlockN, seqlen_k);
-  };
-  const auto copy_v = [&](int tile) {
-    if (tile < num_tiles)
-      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[tile % kStages], v, v_stride, tile * kBlockN, seqlen_k);
-  };
-  copy_tile_async<kBlockM, kHeadDim, kThreads>(smem.q_tile, q, params.q_strides[2], q_start, params.seqlen_q);
-  if constexpr (kStages == 1) {
-    copy_k(0);
-    cp_async_commit();
-  } else {
-    for (int tile = 0; tile < kStages - 1; ++tile) {
-      copy_k(tile);
-      copy_v(tile);
-      cp_async_commit();
+  // The fetch cursor: the next (query tile, key tile) whose K — and V, with STAGES >= 2 — to copy,
+  // running STAGES - 1 key tiles ahead of the computation and across query tiles, so the first
+  // tiles of the next query tile arrive while this one finishes. A query tile's Q travels with its
+  // first K tile, into its own buffer.
+  int fetch_round = 0, fetch_tile = 0;
+  WorkItem<kBlockM, kBlockN> fetch(params, item_of(0));
+  const auto fetch_next = [&](int buffer) {
+    if (fetch.index >= num_items) return;
+    if (fetch_tile == 0)
+      copy_tile_async<kBlockM, kHeadDim, kThreads>(smem.q_tile[fetch_round % Cfg::kQBuffers],
+                                                   head_rows(params.q, params.q_strides, fetch), params.q_strides[2],
+                                                   fetch.q_start, params.seqlen_q);
+    copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[buffer], head_rows(params.k, params.k_strides, fetch),
+                                                 k_stride, fetch_tile * kBlockN, seqlen_k);
+    if (kStages > 1)
+      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[buffer], head_rows(params.v, params.v_strides, fetch),
+                                                   v_stride, fetch_tile * kBlockN, seqlen_k);
+    if (++fetch_tile == fetch.num_tiles) {
+      fetch_tile = 0;
+      fetch = WorkItem<kBlockM, kBlockN>(params, item_of(++fetch_round));
     }
+  };
+  for (int stage = 0; stage < max(kStages - 1, 1); ++stage) {
+    fetch_next(stage);
+    cp_async_commit();
   }
 
-  // Q as A fragments, loaded once — or, for wide heads where registers are short, re-read from
-  // shared memory (ldmatrix) for every tile.
+  // Q as A fragments, loaded once per query tile — or, for wide heads where registers are short,
+  // re-read from shared memory (ldmatrix) for every key tile.
   constexpr bool kQInRegs = kHeadDim <= Q_IN_REGS_MAX_D;
   uint32_t q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kHeadDim / 16 : 1][4];
-  const uint32_t q_tile = smem_address(smem.q_tile);
   const FragmentRow<kHeadDim, T> q_row(warp_row + lane % 16, lane / 16);
-  const auto q_fragment = [&](uint32_t(&a)[4], int mt, int kk) { ldmatrix_x4(a, q_tile + q_row.at(mt * 16, kk)); };
   // K (B operand of Q·Kᵀ): matrices {keys 0-7, 8-15} x {d 0-7, 8-15}; V (B of P·V, transposed):
   // {keys 0-7, 8-15} x {d 0-7, 8-15} in the other order.
   const FragmentRow<kHeadDim, T> k_row(slice + lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
   const FragmentRow<kHeadDim, T> v_row(slice + lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
-  float o_acc[kMTiles][kDTiles][4] = {};  // O rows g and g+8 of each m-tile, two columns per 8-wide D tile
-  float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in exp's units (log2 with FOLD_LOG2E); sum: this lane's part
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-    row_max[mt][0] = row_max[mt][1] = -INFINITY;
-    row_sum[mt][0] = row_sum[mt][1] = 0.f;
-  }
   const float score_scale = FOLD_LOG2E ? params.scale * 1.4426950408889634f : params.scale;
-  const int first_row = q_start + warp_row, last_row = first_row + kWarpRows - 1;
+  // With LAZY_RESCALE, a row's running maximum may trail its true one by up to this much (in exp's
+  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E), far inside fp16's range.
+  constexpr float kRescaleSlack = LAZY_RESCALE ? 8.f : 0.f;
+  int step = 0;   // key tiles this CTA has computed: selects the K/V buffer
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    if constexpr (kStages == 1) {
-      cp_async_wait<0>();   // K(t) (and Q) have landed
-      __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
-      copy_v(tile);
-      cp_async_commit();
-    } else {
-      cp_async_wait<kStages - 2>();   // tile t has landed
-      __syncthreads();                // ... for every thread, and every warp is done with tile t-1
-      copy_k(tile + kStages - 1);     // into tile t-1's buffers
-      copy_v(tile + kStages - 1);
-      cp_async_commit();
-    }
-    if (kQInRegs && tile == 0) {
+  for (int round = 0;; ++round) {
+    const WorkItem<kBlockM, kBlockN> work(params, item_of(round));
+    if (work.index >= num_items) break;
+    const uint32_t q_tile = smem_address(smem.q_tile[round % Cfg::kQBuffers]);
+    const auto q_fragment = [&](uint32_t(&a)[4], int mt, int kk) { ldmatrix_x4(a, q_tile + q_row.at(mt * 16, kk)); };
+    float o_acc[kMTiles][kDTiles][4] = {};  // O rows g and g+8 of each m-tile, two columns per 8-wide D tile
+    float row_max[kMTiles][2], row_sum[kMTiles][2];   // max in exp's units (log2 with FOLD_LOG2E); sum: this lane's part
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      row_max[mt][0] = row_max[mt][1] = -INFINITY;
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
-    const uint32_t k_tile = smem_address(smem.kv.k_tile[tile % kStages]);
-    const uint32_t v_tile = smem_address(smem.kv.v_tile[tile % kStages]);
-    const int key0 = tile * kBlockN + slice;   // this warp's first key
-    // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
-    const bool active = key0 < kv_end && !(causal && key0 > last_row);
+    const int first_row = work.q_start + warp_row, last_row = first_row + kWarpRows - 1;
 
-    float s[kMTiles][kKeyTiles][4] = {};
-    if (active) {
-      // S = Q·Kᵀ for this warp's rows and key slice: one x4 ldmatrix gives the B fragments of two
-      // 8-key tiles, used by every m-tile of the warp.
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
-        if (!kQInRegs) {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
-        }
-#pragma unroll
-        for (int np = 0; np < kKeyTiles / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_tile + k_row.at(np * 16, kk));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
-            mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
-            mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
-          }
-        }
+    for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
+      const int buffer = step % kStages;
+      if constexpr (kStages == 1) {
+        cp_async_wait<0>();   // K(t) (and Q) have landed
+        __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
+        copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], head_rows(params.v, params.v_strides, work),
+                                                     v_stride, tile * kBlockN, seqlen_k);
+        cp_async_commit();
+      } else {
+        cp_async_wait<kStages - 2>();   // tile t has landed
+        __syncthreads();                // ... for every thread, and every warp is done with tile t-1
+        fetch_next((step + kStages - 1) % kStages);   // into tile t-1's buffers
+        cp_async_commit();
       }
-
-      // Mask only the slices that reach past the sequence or across the diagonal (warp-uniform test).
-      const bool needs_mask = !SEPARATE_MASKED_TILES || key0 + kSliceN > seqlen_k || (causal && key0 + kSliceN - 1 > first_row);
-      if (needs_mask) {
+      if (kQInRegs && tile == 0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) {
+          for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
+      }
+      const uint32_t k_tile = smem_address(smem.kv.k_tile[buffer]);
+      const uint32_t v_tile = smem_address(smem.kv.v_tile[buffer]);
+      const int key0 = tile * kBlockN + slice;   // this warp's first key
+      // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
+      const bool active = key0 < work.kv_end && !(causal && key0 > last_row);
+
+      float s[kMTiles][kKeyTiles][4] = {};
+      if (active) {
+        // S = Q·Kᵀ for this warp's rows and key slice: one x4 ldmatrix gives the B fragments of two
+        // 8-key tiles, used by every m-tile of the warp.
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = key0 + j * 8 + 2 * t + (e & 1);
-              const int query = first_row + mt * 16 + g + (e >> 1) * 8;
-              if (key >= seqlen_k || (causal && key > query)) s[mt][j][e] = -INFINITY;
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
+          if (!kQInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
+          }
+#pragma unroll
+          for (int np = 0; np < kKeyTiles / 2; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4(b, k_tile + k_row.at(np * 16, kk));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
+              mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
+              mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
             }
           }
+        }
+
+        // Mask only the slices that reach past the sequence or across the diagonal (warp-uniform test).
+        const bool needs_mask = !SEPARATE_MASKED_TILES || key0 + kSliceN > seqlen_k || (causal && key0 + kSliceN - 1 > first_row);
+        if (needs_mask) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = key0 + j * 8 + 2 * t + (e & 1);
+                const int query = first_row + mt * 16 + g + (e >> 1) * 8;
+                if (key >= seqlen_k || (causal && key > query)) s[mt][j][e] = -INFINITY;
+              }
+            }
+        }
+
+        // Online softmax for rows g (h = 0) and g + 8 (h = 1) of each m-tile. First the tile's row
+        // maxima; O and the sums are rescaled only when some row of the warp outgrew its running
+        // maximum by more than the slack (warp-uniform branch), so most tiles skip that multiply.
+        float tile_max[kMTiles][2];
+        bool grows = false;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float partial[kKeyTiles];   // pairwise trees: short dependency chains
+#pragma unroll
+            for (int j = 0; j < kKeyTiles; ++j) partial[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+#pragma unroll
+            for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+              for (int j = 0; j < width; ++j) partial[j] = fmaxf(partial[j], partial[j + width]);
+            tile_max[mt][h] = quad_max(partial[0]) * score_scale;
+            grows |= tile_max[mt][h] > row_max[mt][h] + kRescaleSlack;
+          }
+        if (!LAZY_RESCALE || __any_sync(0xffffffffu, grows)) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float new_max = fmaxf(row_max[mt][h], tile_max[mt][h]);
+              const float correction = softmax_exp(row_max[mt][h] - (new_max == -INFINITY ? 0.f : new_max));
+              row_sum[mt][h] *= correction;
+              row_max[mt][h] = new_max;
+#pragma unroll
+              for (int d = 0; d < kDTiles; ++d) {
+                o_acc[mt][d][2 * h] *= correction;
+                o_acc[mt][d][2 * h + 1] *= correction;
+              }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float base = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h];   // a row with no visible key so far
+            float partial[kKeyTiles];
+#pragma unroll
+            for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+              for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
+              partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+            }
+#pragma unroll
+            for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+              for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
+            row_sum[mt][h] += partial[0];
+          }
       }
 
-      // Online softmax for rows g (h = 0) and g + 8 (h = 1) of each m-tile.
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float partial[kKeyTiles];   // pairwise trees: short dependency chains
-#pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) partial[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
-#pragma unroll
-          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-            for (int j = 0; j < width; ++j) partial[j] = fmaxf(partial[j], partial[j + width]);
-          const float new_max = fmaxf(row_max[mt][h], quad_max(partial[0]) * score_scale);
-          const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-          const float correction = softmax_exp(row_max[mt][h] - base);
-#pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-          }
-#pragma unroll
-          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
-          row_sum[mt][h] = row_sum[mt][h] * correction + partial[0];
-          row_max[mt][h] = new_max;
-#pragma unroll
-          for (int d = 0; d < kDTiles; ++d) {
-            o_acc[mt][d][2 * h] *= correction;
-            o_acc[mt][d][2 * h + 1] *= correction;
-          }
-        }
-    }
+      if constexpr (kStages == 1) {
+        cp_async_wait<0>();   // V(t) has landed
+        __syncthreads();      // ... for every thread, and every warp is done with K(t) (and this Q)
+        fetch_next(0);
+        cp_async_commit();
+      }
 
-    if constexpr (kStages == 1) {
-      cp_async_wait<0>();   // V(t) has landed
-      __syncthreads();      // ... for every thread, and every warp is done with K(t)
-      copy_k(tile + 1);
-      cp_async_commit();
-    }
-
-    if (active) {
-      // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
-      // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
+      if (active) {
+        // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
+        // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
 #pragma unroll
-      for (int kk = 0; kk < kSliceN / 16; ++kk) {
-        uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < kDTiles / 2; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_tile + v_row.at(kk * 16, dp));
+        for (int kk = 0; kk < kSliceN / 16; ++kk) {
+          uint32_t a[kMTiles][4];
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
-            mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+            a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dp = 0; dp < kDTiles / 2; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, v_tile + v_row.at(kk * 16, dp));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
+              mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+            }
           }
         }
       }
     }
-  }
-
-  if constexpr (Cfg::kKvSplit > 1) {
-    // Merge the row group's key slices into the first split's warp: O = Σ 2^(m_i - m) O_i and
-    // likewise the sums, with m the largest m_i. Same lane, same register layout: no index math.
-    constexpr int kValues = Smem::kMergeValues;
-    __syncthreads();   // every warp is done with K and V: their buffers become the merge area
-    float* mine = smem.merge + ((split - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
-    if (split > 0) {
+    if constexpr (Cfg::kKvSplit > 1) {
+      // Merge the row group's key slices into the first split's warp: O = Σ 2^(m_i - m) O_i and
+      // likewise the sums, with m the largest m_i. Same lane, same register layout: no index math.
+      // The host gives this configuration one query tile per CTA, so no copy for a next one is in
+      // flight into the K/V buffers the merge reuses.
+      constexpr int kValues = Smem::kMergeValues;
+      __syncthreads();   // every warp is done with K and V: their buffers become the merge area
+      float* mine = smem.merge + ((split - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
+      if (split > 0) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mine[((mt * kDTiles + d) * 4 + e) * 32] = o_acc[mt][d][e];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mine[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32] = row_max[mt][h];
-          mine[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32] = row_sum[mt][h];
-        }
-      }
-    }
-    __syncthreads();
-    if (split > 0) return;
-#pragma unroll
-    for (int other = 1; other < Cfg::kKvSplit; ++other) {
-      const float* theirs = smem.merge + ((other - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float their_max = theirs[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32];
-          const float their_sum = theirs[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32];
-          const float new_max = fmaxf(row_max[mt][h], their_max);
-          const float base = new_max == -INFINITY ? 0.f : new_max;
-          const float mine_scale = softmax_exp(row_max[mt][h] - base), their_scale = softmax_exp(their_max - base);
-          row_sum[mt][h] = row_sum[mt][h] * mine_scale + their_sum * their_scale;
-          row_max[mt][h] = new_max;
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
           for (int d = 0; d < kDTiles; ++d)
 #pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e)
-              o_acc[mt][d][e] = o_acc[mt][d][e] * mine_scale + theirs[((mt * kDTiles + d) * 4 + e) * 32] * their_scale;
+            for (int e = 0; e < 4; ++e) mine[((mt * kDTiles + d) * 4 + e) * 32] = o_acc[mt][d][e];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            mine[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32] = row_max[mt][h];
+            mine[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32] = row_sum[mt][h];
+          }
         }
+      }
+      __syncthreads();
+      if (split > 0) return;
+#pragma unroll
+      for (int other = 1; other < Cfg::kKvSplit; ++other) {
+        const float* theirs = smem.merge + ((other - 1) * Cfg::kRowWarps + row_warp) * kValues * 32 + lane;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float their_max = theirs[(kMTiles * kDTiles * 4 + mt * 4 + h) * 32];
+            const float their_sum = theirs[(kMTiles * kDTiles * 4 + mt * 4 + 2 + h) * 32];
+            const float new_max = fmaxf(row_max[mt][h], their_max);
+            const float base = new_max == -INFINITY ? 0.f : new_max;
+            const float mine_scale = softmax_exp(row_max[mt][h] - base), their_scale = softmax_exp(their_max - base);
+            row_sum[mt][h] = row_sum[mt][h] * mine_scale + their_sum * their_scale;
+            row_max[mt][h] = new_max;
+#pragma unroll
+            for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+              for (int e = 2 * h; e < 2 * h + 2; ++e)
+                o_acc[mt][d][e] = o_acc[mt][d][e] * mine_scale + theirs[((mt * kDTiles + d) * 4 + e) * 32] * their_scale;
+          }
+      }
     }
-  }
 
-  // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+    // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
-      const int query = first_row + mt * 16 + g + h * 8;
-      if (query >= params.seqlen_q) continue;
-      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query);
+      for (int h = 0; h < 2; ++h) {
+        const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
+        const int query = first_row + mt * 16 + g + h * 8;
+        if (query >= params.seqlen_q) continue;
+        T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, work.batch, work.head, query);
 #pragma unroll
-      for (int d = 0; d < kDTiles; ++d)
-        *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) =
-            pack2<T>(o_acc[mt][d][2 * h] * inv_sum, o_acc[mt][d][2 * h + 1] * inv_sum);
-    }
+        for (int d = 0; d < kDTiles; ++d)
+          *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) =
+              pack2<T>(o_acc[mt][d][2 * h] * inv_sum, o_acc[mt][d][2 * h + 1] * inv_sum);
+      }
+  }
 }
 
 // The key-split path when the large-tile grid would leave SMs idle.
@@ -470,8 +560,19 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   const auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const long long ctas = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
-  if (ctas > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const long long items = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
+  if (items > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  long long ctas = items;
+  // Persistent: no more CTAs than are resident at once. The key-split configuration keeps one query
+  // tile per CTA (its merge reuses the K/V buffers), and is only chosen when that fits anyway.
+  if (PERSISTENT && Cfg::kKvSplit == 1) {
+    int device = 0, sms = 0, per_sm = 0;
+    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
+        (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem)) != cudaSuccess)
+      return err;
+    ctas = std::min<long long>(items, std::max(1, per_sm) * static_cast<long long>(sms));
+  }
   kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
