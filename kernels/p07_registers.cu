@@ -96,34 +96,45 @@
 #ifndef PERSISTENT
 #define PERSISTENT 1
 #endif
+// Software-pipeline each warp: issue tile t+1's Q·Kᵀ mma next to tile t's softmax, so the tensor
+// cores and the FP32/SFU pipes work at once. Needs STAGES >= 3.
+#ifndef OVERLAP_SOFTMAX
+#define OVERLAP_SOFTMAX 0
+#endif
 
-template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_>
+template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_, bool kOverlap_>
 struct Tiles {
   static constexpr int kBlockM = kBlockM_;      // query rows per CTA
   static constexpr int kBlockN = kBlockN_;      // keys per shared-memory tile
   static constexpr int kWarpRows = kWarpRows_;  // query rows per warp: every K/V fragment serves this many
-  static constexpr int kStages = kStages_;
+  static constexpr int kStages = kStages_;      // K/V buffers
   static constexpr int kKvSplit = kKvSplit_;    // warps sharing a row group, each on its own key slice
+  static constexpr bool kOverlap = kOverlap_;   // Q·Kᵀ of tile t+1 issued alongside the softmax of tile t
   static constexpr int kMTiles = kWarpRows / 16;
   static constexpr int kRowWarps = kBlockM / kWarpRows;
   static constexpr int kWarps = kRowWarps * kKvSplit;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSliceN = kBlockN / kKvSplit;   // keys of a tile one warp multiplies
-  // Q tiles in flight (see the kernel's fetch cursor): the copy of the next query tile's Q starts
-  // while up to kStages - 1 tiles of earlier ones are still being computed.
-  static constexpr int kQBuffers = kStages;
+  // How many key tiles ahead of the one being computed the copies run. With the overlap, tile t-1
+  // is still being read (P·V) while tile t+1 is (Q·Kᵀ), so one buffer fewer is free to fill.
+  static constexpr int kFetchAhead = kStages == 1 ? 1 : kOverlap ? kStages - 2 : kStages - 1;
+  // Q tiles in flight: the next query tile's Q travels with its first K/V tile, up to kFetchAhead
+  // tiles before this one's last Q·Kᵀ. With one stage it is copied after that Q·Kᵀ.
+  static constexpr int kQBuffers = kStages == 1 ? 1 : kFetchAhead + 1;
   static_assert(kWarpRows == 16 || kWarpRows == 32, "WARP_ROWS is 16 or 32 query rows per warp");
   static_assert(kBlockM % kWarpRows == 0, "BLOCK_M must be a multiple of WARP_ROWS");
   static_assert(kWarps >= 1 && kWarps <= 16, "a CTA has 1..16 warps (BLOCK_M / WARP_ROWS x KV_SPLIT)");
   static_assert(kBlockN % kKvSplit == 0 && kSliceN % 16 == 0,
                 "each warp's key slice (BLOCK_N / KV_SPLIT) must be a multiple of 16 (the mma k-step of P·V)");
   static_assert(kStages >= 1 && kStages <= 4, "STAGES must be 1..4");
+  static_assert(!kOverlap || (kStages >= 3 && kKvSplit == 1),
+                "OVERLAP_SOFTMAX needs STAGES >= 3 (tiles t-1, t and t+1 are in use at once) and no key split");
 };
 
 template <int kHeadDim>
 using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, WARP_ROWS,
-                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1>;
-using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT>;
+                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0>;
+using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT, false>;
 
 // Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
 // by the row's low three bits. Needs at least 8 chunks per row (kHeadDim >= 64).
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
       fetch = WorkItem<kBlockM, kBlockN>(params, item_of(++fetch_round));
     }
   };
-  for (int stage = 0; stage < max(kStages - 1, 1); ++stage) {
+  for (int stage = 0; stage < Cfg::kFetchAhead; ++stage) {
     fetch_next(stage);
     cp_async_commit();
   }
@@ -320,161 +331,208 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
       row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
     const int first_row = work.q_start + warp_row, last_row = first_row + kWarpRows - 1;
+    using Scores = float[kMTiles][kKeyTiles][4];   // S, then P, for this warp's rows and key slice
 
-    for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
-      const int buffer = step % kStages;
-      if constexpr (kStages == 1) {
-        cp_async_wait<0>();   // K(t) (and Q) have landed
-        __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
-        copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], head_rows(params.v, params.v_strides, work),
-                                                     v_stride, tile * kBlockN, seqlen_k);
-        cp_async_commit();
-      } else {
-        cp_async_wait<kStages - 2>();   // tile t has landed
-        __syncthreads();                // ... for every thread, and every warp is done with tile t-1
-        fetch_next((step + kStages - 1) % kStages);   // into tile t-1's buffers
-        cp_async_commit();
-      }
-      if (kQInRegs && tile == 0) {
+    // Wait for key tile `position` (counted over the CTA's whole run), then copy the one
+    // kFetchAhead further into the buffer every warp is now done with. Not for STAGES = 1.
+    const auto tile_landed = [&](int position) {
+      cp_async_wait<Cfg::kFetchAhead - 1>();   // this thread's copies of that tile have landed
+      __syncthreads();                          // ... every thread's, and the buffer to refill is free
+      fetch_next((position + Cfg::kFetchAhead) % kStages);
+      cp_async_commit();
+    };
+    const auto load_q = [&] {
+      if (kQInRegs) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
           for (int kk = 0; kk < kHeadDim / 16; ++kk) q_fragment(q_frag[mt][kk], mt, kk);
       }
-      const uint32_t k_tile = smem_address(smem.kv.k_tile[buffer]);
-      const uint32_t v_tile = smem_address(smem.kv.v_tile[buffer]);
-      const int key0 = tile * kBlockN + slice;   // this warp's first key
-      // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
-      const bool active = key0 < work.kv_end && !(causal && key0 > last_row);
+    };
+    // Warp-uniform: a slice past the keys, or right of every row's diagonal, contributes nothing.
+    const auto active = [&](int tile) {
+      const int key0 = tile * kBlockN + slice;
+      return key0 < work.kv_end && !(causal && key0 > last_row);
+    };
 
-      float s[kMTiles][kKeyTiles][4] = {};
-      if (active) {
-        // S = Q·Kᵀ for this warp's rows and key slice: one x4 ldmatrix gives the B fragments of two
-        // 8-key tiles, used by every m-tile of the warp.
+    // S = Q·Kᵀ for this warp's rows and key slice: one x4 ldmatrix gives the B fragments of two
+    // 8-key tiles, used by every m-tile of the warp.
+    const auto scores = [&](Scores& s, int position) {
+      const uint32_t k_tile = smem_address(smem.kv.k_tile[position % kStages]);
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
-          if (!kQInRegs) {
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
-          }
+        for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
-          for (int np = 0; np < kKeyTiles / 2; ++np) {
-            uint32_t b[4];
-            ldmatrix_x4(b, k_tile + k_row.at(np * 16, kk));
+          for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
-              mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
-              mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
-            }
-          }
-        }
-
-        // Mask only the slices that reach past the sequence or across the diagonal (warp-uniform test).
-        const bool needs_mask = !SEPARATE_MASKED_TILES || key0 + kSliceN > seqlen_k || (causal && key0 + kSliceN - 1 > first_row);
-        if (needs_mask) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t q_slice[kQInRegs ? 1 : kMTiles][4];
+        if (!kQInRegs) {
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = key0 + j * 8 + 2 * t + (e & 1);
-                const int query = first_row + mt * 16 + g + (e >> 1) * 8;
-                if (key >= seqlen_k || (causal && key > query)) s[mt][j][e] = -INFINITY;
-              }
-            }
-        }
-
-        // Online softmax for rows g (h = 0) and g + 8 (h = 1) of each m-tile. First the tile's row
-        // maxima; O and the sums are rescaled only when some row of the warp outgrew its running
-        // maximum by more than the slack (warp-uniform branch), so most tiles skip that multiply.
-        float tile_max[kMTiles][2];
-        bool grows = false;
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float partial[kKeyTiles];   // pairwise trees: short dependency chains
-#pragma unroll
-            for (int j = 0; j < kKeyTiles; ++j) partial[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
-#pragma unroll
-            for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-              for (int j = 0; j < width; ++j) partial[j] = fmaxf(partial[j], partial[j + width]);
-            tile_max[mt][h] = quad_max(partial[0]) * score_scale;
-            grows |= tile_max[mt][h] > row_max[mt][h] + kRescaleSlack;
-          }
-        if (!LAZY_RESCALE || __any_sync(0xffffffffu, grows)) {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float new_max = fmaxf(row_max[mt][h], tile_max[mt][h]);
-              const float correction = softmax_exp(row_max[mt][h] - (new_max == -INFINITY ? 0.f : new_max));
-              row_sum[mt][h] *= correction;
-              row_max[mt][h] = new_max;
-#pragma unroll
-              for (int d = 0; d < kDTiles; ++d) {
-                o_acc[mt][d][2 * h] *= correction;
-                o_acc[mt][d][2 * h + 1] *= correction;
-              }
-            }
+          for (int mt = 0; mt < kMTiles; ++mt) q_fragment(q_slice[kQInRegs ? 0 : mt], mt, kk);
         }
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float base = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h];   // a row with no visible key so far
-            float partial[kKeyTiles];
-#pragma unroll
-            for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-              for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-              partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-            }
-#pragma unroll
-            for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-              for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
-            row_sum[mt][h] += partial[0];
-          }
-      }
-
-      if constexpr (kStages == 1) {
-        cp_async_wait<0>();   // V(t) has landed
-        __syncthreads();      // ... for every thread, and every warp is done with K(t) (and this Q)
-        fetch_next(0);
-        cp_async_commit();
-      }
-
-      if (active) {
-        // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
-        // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
-#pragma unroll
-        for (int kk = 0; kk < kSliceN / 16; ++kk) {
-          uint32_t a[kMTiles][4];
+        for (int np = 0; np < kKeyTiles / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_tile + k_row.at(np * 16, kk));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-          }
-#pragma unroll
-          for (int dp = 0; dp < kDTiles / 2; ++dp) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, v_tile + v_row.at(kk * 16, dp));
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
-              mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
-            }
+            const uint32_t(&a)[4] = kQInRegs ? q_frag[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : q_slice[kQInRegs ? 0 : mt];
+            mma_16816<T>(s[mt][2 * np], a, {b[0], b[1]});
+            mma_16816<T>(s[mt][2 * np + 1], a, {b[2], b[3]});
           }
         }
       }
+    };
+
+    // Mask only the slices that reach past the sequence or across the diagonal (warp-uniform test).
+    const auto mask = [&](Scores& s, int tile) {
+      const int key0 = tile * kBlockN + slice;
+      if (SEPARATE_MASKED_TILES && key0 + kSliceN <= seqlen_k && !(causal && key0 + kSliceN - 1 > first_row)) return;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + j * 8 + 2 * t + (e & 1);
+            const int query = first_row + mt * 16 + g + (e >> 1) * 8;
+            if (key >= seqlen_k || (causal && key > query)) s[mt][j][e] = -INFINITY;
+          }
+    };
+
+    // Online softmax for rows g (h = 0) and g + 8 (h = 1) of each m-tile, S -> P in place. A row's
+    // running maximum moves only when the tile's exceeds it by more than the slack, so most tiles
+    // leave it, and O, alone; `correction` is what O's rows must be multiplied by, and the return
+    // value says whether any row of the warp needs it (warp-uniform).
+    float correction[kMTiles][2];
+    const auto softmax = [&](Scores& s) {
+      bool moved = false;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float partial[kKeyTiles];   // pairwise trees: short dependency chains
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j) partial[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] = fmaxf(partial[j], partial[j + width]);
+          const float tile_max = quad_max(partial[0]) * score_scale;
+          const float old_max = row_max[mt][h];
+          const float new_max = tile_max > old_max + kRescaleSlack ? tile_max : old_max;
+          const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
+          moved |= new_max != old_max;
+          correction[mt][h] = softmax_exp(old_max - base);
+          row_max[mt][h] = new_max;
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
+            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+          }
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
+          row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + partial[0];
+        }
+      return __any_sync(0xffffffffu, moved);
+    };
+    const auto rescale_o = [&] {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[mt][d][e] *= correction[mt][e / 2];
+    };
+
+    // O += P·V: two neighbouring 8-key S tiles are one 16-key A fragment; V's B fragments come
+    // transposed from its row-major tile, two 8-wide D tiles per x4 ldmatrix.
+    const auto accumulate = [&](const Scores& p, int position) {
+      const uint32_t v_tile = smem_address(smem.kv.v_tile[position % kStages]);
+#pragma unroll
+      for (int kk = 0; kk < kSliceN / 16; ++kk) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          a[mt][0] = pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+          a[mt][1] = pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+          a[mt][2] = pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+          a[mt][3] = pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_tile + v_row.at(kk * 16, dp));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(o_acc[mt][2 * dp], a[mt], {b[0], b[1]});
+            mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], {b[2], b[3]});
+          }
+        }
+      }
+    };
+
+    if constexpr (Cfg::kOverlap) {
+      // Tile t's softmax runs while tile t+1's Q·Kᵀ is in flight: the two are independent, in one
+      // basic block, and the compiler interleaves their instructions. Every warp computes every
+      // tile's scores (no causal skip), so the block has no branch.
+      Scores s, s_next;
+      tile_landed(step);
+      load_q();
+      scores(s, step);
+      for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
+        mask(s, tile);
+        bool moved;
+        if (tile + 1 < work.num_tiles) {
+          tile_landed(step + 1);
+          scores(s_next, step + 1);
+          moved = softmax(s);
+        } else {
+          moved = softmax(s);
+        }
+        if (!LAZY_RESCALE || moved) rescale_o();
+        accumulate(s, step);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][j][e] = s_next[mt][j][e];
+      }
+    } else {
+      for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
+        if constexpr (kStages == 1) {
+          cp_async_wait<0>();   // K(t) (and Q) have landed
+          __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
+          copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], head_rows(params.v, params.v_strides, work),
+                                                       v_stride, tile * kBlockN, seqlen_k);
+          cp_async_commit();
+        } else {
+          tile_landed(step);
+        }
+        if (tile == 0) load_q();
+        const bool is_active = active(tile);
+        Scores s;
+        if (is_active) {
+          scores(s, step);
+          mask(s, tile);
+          if (softmax(s) || !LAZY_RESCALE) rescale_o();
+        }
+        if constexpr (kStages == 1) {
+          cp_async_wait<0>();   // V(t) has landed
+          __syncthreads();      // ... for every thread, and every warp is done with K(t) (and this Q)
+          fetch_next(0);
+          cp_async_commit();
+        }
+        if (is_active) accumulate(s, step);
+      }
     }
+
     if constexpr (Cfg::kKvSplit > 1) {
       // Merge the row group's key slices into the first split's warp: O = Σ 2^(m_i - m) O_i and
       // likewise the sums, with m the largest m_i. Same lane, same register layout: no index math.
