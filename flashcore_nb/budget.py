@@ -159,7 +159,9 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
         # S, P and O live in registers; rows are swizzled instead of padded. One Q buffer per stage:
         # the next query tile's Q is copied while the last key tiles of this one are computed. The
         # key-split merge reuses the K/V buffers (the kernel static_asserts that it fits).
-        return [Buffer("Q tiles (x STAGES)", stages * m, head_dim, 2),
+        # With OVERLAP_SOFTMAX the copies run one tile less ahead, and Q needs one buffer fewer.
+        q_buffers = stages - 1 if params["OVERLAP_SOFTMAX"] and not split else stages
+        return [Buffer("Q tiles (x STAGES)", q_buffers * m, head_dim, 2),
                 Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
                 Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")

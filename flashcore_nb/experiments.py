@@ -50,9 +50,13 @@ ABLATIONS = {
     "1 stage, FA2 schedule (D=64)": {"STAGES": 1},
     "3 stages (D=64)": {"STAGES": 3},
     "2 stages (D=128)": {"STAGES_D128": 2},
-    "128-row tiles (D=128)": {"BLOCK_M_D128": 128},
+    "256-row tiles (D=128)": {"BLOCK_M_D128": 256},
     "mask every tile": {"SEPARATE_MASKED_TILES": 0},
     "exp, scale not folded": {"FOLD_LOG2E": 0},
+    "rescale O every tile": {"LAZY_RESCALE": 0},
+    "one CTA per query tile": {"PERSISTENT": 0},
+    "32-key tiles": {"BLOCK_N": 32},
+    "32-key tiles, softmax beside next Q·Kᵀ": {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1},
     "no key-split path": {"SMALL_PROBLEM_CTAS": 0},
 }
 ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")

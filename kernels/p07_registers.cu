@@ -18,14 +18,20 @@
 // The pipeline: with STAGES >= 2, tile t+STAGES-1 is copied into the buffer tile t-1 used, right
 // after the one barrier per tile; with STAGES = 1 (FlashAttention-2's schedule), K and V have one
 // buffer each: V(t) is copied during Q·Kᵀ(t), and K(t+1) during P·V(t).
+// Persistent CTAs: the grid holds only as many CTAs as fit on the GPU at once, and each loops over
+// query tiles. The copies run ahead across query tiles, so the next one's Q, K and V arrive while
+// this one finishes.
+// The softmax moves a row's running maximum only when a tile's exceeds it by more than 2^8, so
+// after the first tiles O is almost never rescaled (exact: O and the row sum share the stale base).
 // Causal: tiles entirely left of the diagonal skip the masking code, a warp whose rows see none of
 // a tile skips it, tiles right of the diagonal are never loaded, and the longest rows start first.
 // Small problems: when the grid would have fewer CTAs than the GPU has SMs, a second configuration
 // runs with KV_SPLIT warps per row group, each taking its own slice of every key tile; their
 // partial softmax states are merged through shared memory at the end.
 //
-// Ablation switches (each 1 by default; 0 turns one technique off, results unchanged):
-// SWIZZLE, SEPARATE_MASKED_TILES, FOLD_LOG2E. Q_IN_REGS_MAX_D, WARP_ROWS, STAGES and
+// Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
+// SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
+// measured dead end kept as one (chapter 7). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
 //
@@ -53,7 +59,7 @@
 #define STAGES 2
 #endif
 #ifndef BLOCK_M_D128
-#define BLOCK_M_D128 256
+#define BLOCK_M_D128 128
 #endif
 #ifndef STAGES_D128
 #define STAGES_D128 1
@@ -96,8 +102,14 @@
 #ifndef PERSISTENT
 #define PERSISTENT 1
 #endif
+// The persistent grid's size: -1, as many CTAs as fit at once; N > 0, at most N (the tests use a few,
+// so that every CTA crosses many query tiles on small problems).
+#ifndef PERSISTENT_CTAS
+#define PERSISTENT_CTAS -1
+#endif
 // Software-pipeline each warp: issue tile t+1's Q·Kᵀ mma next to tile t's softmax, so the tensor
-// cores and the FP32/SFU pipes work at once. Needs STAGES >= 3.
+// cores and the FP32/SFU pipes could work at once. Needs STAGES >= 3, and registers for two tiles
+// of scores: with 64-key tiles that spills, with 32-key ones it measured no faster (chapter 7).
 #ifndef OVERLAP_SOFTMAX
 #define OVERLAP_SOFTMAX 0
 #endif
@@ -629,7 +641,8 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
         (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
         (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem)) != cudaSuccess)
       return err;
-    ctas = std::min<long long>(items, std::max(1, per_sm) * static_cast<long long>(sms));
+    const long long resident = PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : std::max(1, per_sm) * static_cast<long long>(sms);
+    ctas = std::min(items, resident);
   }
   kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();

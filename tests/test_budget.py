@@ -19,8 +19,10 @@ CONFIGS = [
     ("p06_async", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 3}),
     # SMALL_PROBLEM_CTAS fixed so that the tiny problem takes the key-split path without asking a GPU
     ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000}),
-    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "BLOCK_M": 64, "STAGES": 3, "BLOCK_M_D128": 128,
+    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "BLOCK_M": 64, "STAGES": 3, "BLOCK_M_D128": 256,
                        "STAGES_D128": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1, "KV_SPLIT": 2}),
+    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
+                       "STAGES_D128": 4}),
 ]
 HEAD_DIMS = (64, 128)
 

@@ -83,12 +83,18 @@ def test_p05_tile_configurations_are_correct(cuda, params):
 
 
 # p07: the large-tile path on the small shapes, the key-split path everywhere, other splits and
-# stage counts, and every ablation switch (each must change the speed, never the result).
-P07_CONFIGS = [{"SMALL_PROBLEM_CTAS": 0}, {"SMALL_PROBLEM_CTAS": 0, "STAGES": 1, "BLOCK_M_D128": 128, "STAGES_D128": 2},
-               {"SMALL_PROBLEM_CTAS": 0, "WARP_ROWS": 16, "STAGES": 3, "Q_IN_REGS_MAX_D": 128},
+# stage counts, and every ablation switch (each must change the speed, never the result). A few
+# persistent CTAs make every CTA cross many query tiles even on these small problems.
+P07_CONFIGS = [{"SMALL_PROBLEM_CTAS": 0},
+               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3},
+               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 5, "STAGES": 1, "BLOCK_M_D128": 256, "STAGES_D128": 2},
+               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 4, "WARP_ROWS": 16, "STAGES": 3, "Q_IN_REGS_MAX_D": 128},
+               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
+                "STAGES_D128": 3},
                {"SMALL_PROBLEM_CTAS": 1 << 30, "KV_SPLIT": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1},
-               {"SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0},
-               {"SMALL_PROBLEM_CTAS": 0, "SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0}]
+               {"SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0, "LAZY_RESCALE": 0},
+               {"SMALL_PROBLEM_CTAS": 0, "SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0, "LAZY_RESCALE": 0,
+                "PERSISTENT": 0}]
 
 
 @pytest.mark.parametrize("params", P07_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
