@@ -221,15 +221,14 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, s
     return row
 
 
-def _warm_up(phase_name: str, configs: list[dict], timing_cases) -> None:
-    """Time the first configuration once and discard it: in a fresh process the first variant timed
-    otherwise reads slow (7.8 µs against 6.6 µs for p07's defaults at the mission shape)."""
+def _warm_up(phase_name: str, params: dict, timing_cases) -> None:
+    """Time one configuration once and discard it: in a fresh process the first variant timed reads
+    several percent slower than the same build timed later."""
     from .bench import time_ours
     from .binding import load as load_phase
-    for params in configs:
-        fn = load_phase(phase_name, **params)
-        for case in timing_cases:
-            time_ours(fn, case)
+    fn = load_phase(phase_name, **params)
+    for case in timing_cases:
+        time_ours(fn, case)
 
 
 def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print,
@@ -240,7 +239,9 @@ def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print
     timing_cases = shapes.select(",".join(timing_names))
     failures = prebuild_all(phase_name, configs, env.gpu().cc)
     sdpa_us = {case.name: time_sdpa_default(case)["gpu_us"] for case in timing_cases}
-    _warm_up(phase_name, [params for params in configs if config_label(params) not in failures][:1], timing_cases)
+    compiled = [params for params in configs if config_label(params) not in failures]
+    if compiled:
+        _warm_up(phase_name, compiled[0], timing_cases)
     rows = []
     for params in configs:
         label = config_label(params)
