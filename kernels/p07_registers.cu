@@ -61,6 +61,16 @@
 #ifndef BLOCK_M_D128
 #define BLOCK_M_D128 128
 #endif
+#ifndef WARP_ROWS_D128
+#define WARP_ROWS_D128 32
+#endif
+// CTAs each SM must be able to hold: ptxas then fits a thread into 65536 / (threads x this) registers.
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM 1
+#endif
+#ifndef CTAS_PER_SM_D128
+#define CTAS_PER_SM_D128 1
+#endif
 #ifndef STAGES_D128
 #define STAGES_D128 1
 #endif
@@ -114,8 +124,9 @@
 #define OVERLAP_SOFTMAX 0
 #endif
 
-template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_, bool kOverlap_>
+template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_, bool kOverlap_, int kCtasPerSm_ = 1>
 struct Tiles {
+  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kBlockM = kBlockM_;      // query rows per CTA
   static constexpr int kBlockN = kBlockN_;      // keys per shared-memory tile
   static constexpr int kWarpRows = kWarpRows_;  // query rows per warp: every K/V fragment serves this many
@@ -144,8 +155,9 @@ struct Tiles {
 };
 
 template <int kHeadDim>
-using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, WARP_ROWS,
-                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0>;
+using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, kHeadDim == 128 ? WARP_ROWS_D128 : WARP_ROWS,
+                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0,
+                         kHeadDim == 128 ? CTAS_PER_SM_D128 : CTAS_PER_SM>;
 using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT, false>;
 
 // Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
@@ -260,7 +272,7 @@ struct WorkItem {
 };
 
 template <typename T, int kHeadDim, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(const FlashParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_registers_kernel(const FlashParams params) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kMTiles = Cfg::kMTiles, kSliceN = Cfg::kSliceN, kWarpRows = Cfg::kWarpRows;
   constexpr int kDTiles = kHeadDim / 8, kKeyTiles = kSliceN / 8;
