@@ -109,7 +109,8 @@ _REGISTRY = [
                      "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
                      "SMALL_PROBLEM_CTAS": -1, "Q_IN_REGS_MAX_D": 64,
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
-                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
+                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0,
+                     "SUM_AFTER_PV": 0, "SKIP_FIRST_RESCALE": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,
         # so the key-split path takes one stage.
         arch_tile_params={89: {"SPLIT_STAGES": 1}},

@@ -120,6 +120,12 @@
 // Software-pipeline each warp: issue tile t+1's Q·Kᵀ mma next to tile t's softmax, so the tensor
 // cores and the FP32/SFU pipes could work at once. Needs STAGES >= 3, and registers for two tiles
 // of scores: with 64-key tiles that spills, with 32-key ones it measured no faster (chapter 7).
+#ifndef SUM_AFTER_PV
+#define SUM_AFTER_PV 0
+#endif
+#ifndef SKIP_FIRST_RESCALE
+#define SKIP_FIRST_RESCALE 0
+#endif
 #ifndef OVERLAP_SOFTMAX
 #define OVERLAP_SOFTMAX 0
 #endif
@@ -201,42 +207,42 @@ struct SharedStorage {
   static_assert(kMergeFloats * sizeof(float) <= sizeof(kv), "the key-split merge must fit in the K/V buffers");
 };
 
-// cp.async a tile of kRows rows starting at row `first` into its swizzled buffer; rows past `seqlen`
-// are zero-filled. Each thread copies the same chunk of every kThreads / kChunksPerRow-th row: when
-// that row step is a multiple of 8, the swizzle is the same on every pass, and both addresses
-// advance by a constant.
+// Tile copies: thread i copies 16-byte chunk i % kChunksPerRow of row i / kChunksPerRow, and of every
+// kThreads / kChunksPerRow-th row after it. `copy_source` is that thread's first chunk of a tile whose
+// first row is `rows`; the caller keeps it and advances it tile by tile, so a copy costs no index math.
+template <int kHeadDim, int kThreads, typename T>
+__device__ __forceinline__ const T* copy_source(const T* rows, int64_t row_stride) {
+  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16;
+  static_assert(kThreads % kChunksPerRow == 0, "a CTA's threads must cover whole rows");
+  return rows + (threadIdx.x / kChunksPerRow) * row_stride + (threadIdx.x % kChunksPerRow) * 8;
+}
+
+// cp.async kRows rows into their swizzled buffer, reading from this thread's `from` (copy_source);
+// rows at or past `rows_left` are zero-filled. When the row step is a multiple of 8 the swizzle is
+// the same on every pass, and both addresses advance by a constant.
 template <int kRows, int kHeadDim, int kThreads, typename T>
-__device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
-  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kChunks = kRows * kChunksPerRow;
-  constexpr int kPasses = (kChunks + kThreads - 1) / kThreads, kRowStep = kThreads / kChunksPerRow;
-  if constexpr (kThreads % (8 * kChunksPerRow) == 0) {
-    const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-    const T* from = base + static_cast<int64_t>(first + row) * row_stride + chunk * 8;
-    const int64_t from_step = kRowStep * row_stride;
-    T* to = tile + swizzled<kHeadDim>(row, chunk);
-    if (first + kRows <= seqlen) {   // every tile but a sequence's last: no row to test
+__device__ __forceinline__ void copy_tile_async(T* tile, const T* from, int64_t row_stride, int rows_left) {
+  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kRowStep = kThreads / kChunksPerRow;
+  constexpr int kPasses = (kRows + kRowStep - 1) / kRowStep;
+  const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+  const int64_t from_step = kRowStep * row_stride;
+  const auto to = [&](int pass) {
+    return kRowStep % 8 == 0 ? tile + swizzled<kHeadDim>(row, chunk) + pass * kRowStep * kHeadDim
+                             : tile + swizzled<kHeadDim>(row + pass * kRowStep, chunk);
+  };
+  if (rows_left >= kRows) {   // every tile but a sequence's last: no row to test
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i, from += from_step) {
-        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
-        cp_async_16(to + i * kRowStep * kHeadDim, from, true);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i, from += from_step) {
-        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
-        const bool inside = first + row + i * kRowStep < seqlen;
-        cp_async_16(to + i * kRowStep * kHeadDim, inside ? from : base, inside);
-      }
+    for (int i = 0; i < kPasses; ++i, from += from_step) {
+      if (kRows % kRowStep != 0 && row + i * kRowStep >= kRows) break;
+      cp_async_16(to(i), from, true);
     }
   } else {
+    const T* first_row = from - row * row_stride;   // exists: a tile is only copied if its first row does
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int index = i * kThreads + threadIdx.x;
-      if (kChunks % kThreads != 0 && index >= kChunks) break;
-      const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-      const bool inside = first + row < seqlen;
-      cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
-                  inside);
+    for (int i = 0; i < kPasses; ++i, from += from_step) {
+      if (kRows % kRowStep != 0 && row + i * kRowStep >= kRows) break;
+      const bool inside = row + i * kRowStep < rows_left;
+      cp_async_16(to(i), inside ? from : first_row, inside);
     }
   }
 }
@@ -301,25 +307,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
   const int num_items = (params.seqlen_q + kBlockM - 1) / kBlockM * params.batch * params.heads;
 
   // The fetch cursor: the next (query tile, key tile) whose K — and V, with STAGES >= 2 — to copy,
-  // running STAGES - 1 key tiles ahead of the computation and across query tiles, so the first
+  // running Cfg::kFetchAhead key tiles ahead of the computation and across query tiles, so the first
   // tiles of the next query tile arrive while this one finishes. A query tile's Q travels with its
   // first K tile, into its own buffer.
   int fetch_round = 0, fetch_tile = 0;
   WorkItem<kBlockM, kBlockN> fetch(params, item_of(0));
+  const T *k_from, *v_from;   // this thread's source of the next K and V tiles (copy_source)
+  const auto aim = [&] {
+    k_from = copy_source<kHeadDim, kThreads>(head_rows(params.k, params.k_strides, fetch), k_stride);
+    v_from = copy_source<kHeadDim, kThreads>(head_rows(params.v, params.v_strides, fetch), v_stride);
+  };
+  aim();
   const auto fetch_next = [&](int buffer) {
     if (fetch.index >= num_items) return;
-    if (fetch_tile == 0)
-      copy_tile_async<kBlockM, kHeadDim, kThreads>(smem.q_tile[fetch_round % Cfg::kQBuffers],
-                                                   head_rows(params.q, params.q_strides, fetch), params.q_strides[2],
-                                                   fetch.q_start, params.seqlen_q);
-    copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[buffer], head_rows(params.k, params.k_strides, fetch),
-                                                 k_stride, fetch_tile * kBlockN, seqlen_k);
-    if (kStages > 1)
-      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[buffer], head_rows(params.v, params.v_strides, fetch),
-                                                   v_stride, fetch_tile * kBlockN, seqlen_k);
+    if (fetch_tile == 0) {
+      const int64_t q_stride = params.q_strides[2];
+      copy_tile_async<kBlockM, kHeadDim, kThreads>(
+          smem.q_tile[fetch_round % Cfg::kQBuffers],
+          copy_source<kHeadDim, kThreads>(head_rows(params.q, params.q_strides, fetch) + fetch.q_start * q_stride, q_stride),
+          q_stride, params.seqlen_q - fetch.q_start);
+    }
+    const int keys_left = seqlen_k - fetch_tile * kBlockN;
+    copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[buffer], k_from, k_stride, keys_left);
+    k_from += kBlockN * k_stride;
+    if (kStages > 1) {
+      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[buffer], v_from, v_stride, keys_left);
+      v_from += kBlockN * v_stride;
+    }
     if (++fetch_tile == fetch.num_tiles) {
       fetch_tile = 0;
       fetch = WorkItem<kBlockM, kBlockN>(params, item_of(++fetch_round));
+      if (fetch.index < num_items) aim();
     }
   };
   for (int stage = 0; stage < Cfg::kFetchAhead; ++stage) {
@@ -431,6 +449,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
     // leave it, and O, alone; `correction` is what O's rows must be multiplied by, and the return
     // value says whether any row of the warp needs it (warp-uniform).
     float correction[kMTiles][2];
+    const auto add_row_sums = [&](const Scores& p) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float partial[kKeyTiles];
+#pragma unroll
+          for (int j = 0; j < kKeyTiles; ++j) partial[j] = p[mt][j][2 * h] + p[mt][j][2 * h + 1];
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
+          row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + partial[0];
+        }
+    };
     const auto softmax = [&](Scores& s) {
       bool moved = false;
 #pragma unroll
@@ -452,17 +485,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
           correction[mt][h] = softmax_exp(old_max - base);
           row_max[mt][h] = new_max;
 #pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) {
+          for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-          }
-#pragma unroll
-          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
-          row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + partial[0];
         }
+      if (!SUM_AFTER_PV) add_row_sums(s);
       return __any_sync(0xffffffffu, moved);
     };
     const auto rescale_o = [&] {
@@ -499,6 +526,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
           }
         }
       }
+      if (SUM_AFTER_PV) add_row_sums(p);
     };
 
     if constexpr (Cfg::kOverlap) {
@@ -529,12 +557,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
             for (int e = 0; e < 4; ++e) s[mt][j][e] = s_next[mt][j][e];
       }
     } else {
+      // STAGES = 1: V is copied for the tile being computed, K one tile ahead (the fetch cursor).
+      const T* v_work = kStages == 1 ? copy_source<kHeadDim, kThreads>(head_rows(params.v, params.v_strides, work), v_stride)
+                                     : nullptr;
       for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
         if constexpr (kStages == 1) {
           cp_async_wait<0>();   // K(t) (and Q) have landed
           __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
-          copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], head_rows(params.v, params.v_strides, work),
-                                                       v_stride, tile * kBlockN, seqlen_k);
+          copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], v_work, v_stride, seqlen_k - tile * kBlockN);
+          v_work += kBlockN * v_stride;
           cp_async_commit();
         } else {
           tile_landed(step);
@@ -545,7 +576,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
         if (is_active) {
           scores(s, step);
           mask(s, tile);
-          if (softmax(s) || !LAZY_RESCALE) rescale_o();
+          const bool moved = softmax(s);
+          if ((!SKIP_FIRST_RESCALE || tile > 0) && (moved || !LAZY_RESCALE)) rescale_o();
         }
         if constexpr (kStages == 1) {
           cp_async_wait<0>();   // V(t) has landed
