@@ -104,13 +104,11 @@ _REGISTRY = [
         aligned_16b=True,
         # Defaults from the H100 runs of chapter 7. BLOCK_M_D128 / STAGES_D128 are D = 128's own.
         tile_params={"BLOCK_M": 128, "BLOCK_N": 64, "WARP_ROWS": 32, "STAGES": 2,
-                     "BLOCK_M_D128": 128, "STAGES_D128": 1, "WARP_ROWS_D128": 32,
-                     "CTAS_PER_SM": 1, "CTAS_PER_SM_D128": 1,
+                     "BLOCK_M_D128": 128, "STAGES_D128": 1,
                      "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
                      "SMALL_PROBLEM_CTAS": -1, "Q_IN_REGS_MAX_D": 64,
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
-                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0,
-                     "SUM_AFTER_PV": 0, "SKIP_FIRST_RESCALE": 0},
+                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,
         # so the key-split path takes one stage.
         arch_tile_params={89: {"SPLIT_STAGES": 1}},

@@ -38,6 +38,7 @@
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "common/async_copy.cuh"
@@ -60,16 +61,6 @@
 #endif
 #ifndef BLOCK_M_D128
 #define BLOCK_M_D128 128
-#endif
-#ifndef WARP_ROWS_D128
-#define WARP_ROWS_D128 32
-#endif
-// CTAs each SM must be able to hold: ptxas then fits a thread into 65536 / (threads x this) registers.
-#ifndef CTAS_PER_SM
-#define CTAS_PER_SM 1
-#endif
-#ifndef CTAS_PER_SM_D128
-#define CTAS_PER_SM_D128 1
 #endif
 #ifndef STAGES_D128
 #define STAGES_D128 1
@@ -120,19 +111,12 @@
 // Software-pipeline each warp: issue tile t+1's Q·Kᵀ mma next to tile t's softmax, so the tensor
 // cores and the FP32/SFU pipes could work at once. Needs STAGES >= 3, and registers for two tiles
 // of scores: with 64-key tiles that spills, with 32-key ones it measured no faster (chapter 7).
-#ifndef SUM_AFTER_PV
-#define SUM_AFTER_PV 0
-#endif
-#ifndef SKIP_FIRST_RESCALE
-#define SKIP_FIRST_RESCALE 0
-#endif
 #ifndef OVERLAP_SOFTMAX
 #define OVERLAP_SOFTMAX 0
 #endif
 
-template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_, bool kOverlap_, int kCtasPerSm_ = 1>
+template <int kBlockM_, int kBlockN_, int kWarpRows_, int kStages_, int kKvSplit_, bool kOverlap_>
 struct Tiles {
-  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kBlockM = kBlockM_;      // query rows per CTA
   static constexpr int kBlockN = kBlockN_;      // keys per shared-memory tile
   static constexpr int kWarpRows = kWarpRows_;  // query rows per warp: every K/V fragment serves this many
@@ -161,9 +145,8 @@ struct Tiles {
 };
 
 template <int kHeadDim>
-using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, kHeadDim == 128 ? WARP_ROWS_D128 : WARP_ROWS,
-                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0,
-                         kHeadDim == 128 ? CTAS_PER_SM_D128 : CTAS_PER_SM>;
+using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, WARP_ROWS,
+                         kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0>;
 using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT, false>;
 
 // Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
@@ -207,42 +190,42 @@ struct SharedStorage {
   static_assert(kMergeFloats * sizeof(float) <= sizeof(kv), "the key-split merge must fit in the K/V buffers");
 };
 
-// Tile copies: thread i copies 16-byte chunk i % kChunksPerRow of row i / kChunksPerRow, and of every
-// kThreads / kChunksPerRow-th row after it. `copy_source` is that thread's first chunk of a tile whose
-// first row is `rows`; the caller keeps it and advances it tile by tile, so a copy costs no index math.
-template <int kHeadDim, int kThreads, typename T>
-__device__ __forceinline__ const T* copy_source(const T* rows, int64_t row_stride) {
-  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16;
-  static_assert(kThreads % kChunksPerRow == 0, "a CTA's threads must cover whole rows");
-  return rows + (threadIdx.x / kChunksPerRow) * row_stride + (threadIdx.x % kChunksPerRow) * 8;
-}
-
-// cp.async kRows rows into their swizzled buffer, reading from this thread's `from` (copy_source);
-// rows at or past `rows_left` are zero-filled. When the row step is a multiple of 8 the swizzle is
-// the same on every pass, and both addresses advance by a constant.
+// cp.async a tile of kRows rows starting at row `first` into its swizzled buffer; rows past `seqlen`
+// are zero-filled. Each thread copies the same chunk of every kThreads / kChunksPerRow-th row: when
+// that row step is a multiple of 8, the swizzle is the same on every pass, and both addresses
+// advance by a constant.
 template <int kRows, int kHeadDim, int kThreads, typename T>
-__device__ __forceinline__ void copy_tile_async(T* tile, const T* from, int64_t row_stride, int rows_left) {
-  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kRowStep = kThreads / kChunksPerRow;
-  constexpr int kPasses = (kRows + kRowStep - 1) / kRowStep;
-  const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-  const int64_t from_step = kRowStep * row_stride;
-  const auto to = [&](int pass) {
-    return kRowStep % 8 == 0 ? tile + swizzled<kHeadDim>(row, chunk) + pass * kRowStep * kHeadDim
-                             : tile + swizzled<kHeadDim>(row + pass * kRowStep, chunk);
-  };
-  if (rows_left >= kRows) {   // every tile but a sequence's last: no row to test
+__device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
+  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kChunks = kRows * kChunksPerRow;
+  constexpr int kPasses = (kChunks + kThreads - 1) / kThreads, kRowStep = kThreads / kChunksPerRow;
+  if constexpr (kThreads % (8 * kChunksPerRow) == 0) {
+    const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
+    const T* from = base + static_cast<int64_t>(first + row) * row_stride + chunk * 8;
+    const int64_t from_step = kRowStep * row_stride;
+    T* to = tile + swizzled<kHeadDim>(row, chunk);
+    if (first + kRows <= seqlen) {   // every tile but a sequence's last: no row to test
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i, from += from_step) {
-      if (kRows % kRowStep != 0 && row + i * kRowStep >= kRows) break;
-      cp_async_16(to(i), from, true);
+      for (int i = 0; i < kPasses; ++i, from += from_step) {
+        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
+        cp_async_16(to + i * kRowStep * kHeadDim, from, true);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i, from += from_step) {
+        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
+        const bool inside = first + row + i * kRowStep < seqlen;
+        cp_async_16(to + i * kRowStep * kHeadDim, inside ? from : base, inside);
+      }
     }
   } else {
-    const T* first_row = from - row * row_stride;   // exists: a tile is only copied if its first row does
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i, from += from_step) {
-      if (kRows % kRowStep != 0 && row + i * kRowStep >= kRows) break;
-      const bool inside = row + i * kRowStep < rows_left;
-      cp_async_16(to(i), inside ? from : first_row, inside);
+    for (int i = 0; i < kPasses; ++i) {
+      const int index = i * kThreads + threadIdx.x;
+      if (kChunks % kThreads != 0 && index >= kChunks) break;
+      const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
+      const bool inside = first + row < seqlen;
+      cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
+                  inside);
     }
   }
 }
@@ -278,7 +261,7 @@ struct WorkItem {
 };
 
 template <typename T, int kHeadDim, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_registers_kernel(const FlashParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(const FlashParams params) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kMTiles = Cfg::kMTiles, kSliceN = Cfg::kSliceN, kWarpRows = Cfg::kWarpRows;
   constexpr int kDTiles = kHeadDim / 8, kKeyTiles = kSliceN / 8;
@@ -312,32 +295,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
   // first K tile, into its own buffer.
   int fetch_round = 0, fetch_tile = 0;
   WorkItem<kBlockM, kBlockN> fetch(params, item_of(0));
-  const T *k_from, *v_from;   // this thread's source of the next K and V tiles (copy_source)
-  const auto aim = [&] {
-    k_from = copy_source<kHeadDim, kThreads>(head_rows(params.k, params.k_strides, fetch), k_stride);
-    v_from = copy_source<kHeadDim, kThreads>(head_rows(params.v, params.v_strides, fetch), v_stride);
-  };
-  aim();
   const auto fetch_next = [&](int buffer) {
     if (fetch.index >= num_items) return;
-    if (fetch_tile == 0) {
-      const int64_t q_stride = params.q_strides[2];
-      copy_tile_async<kBlockM, kHeadDim, kThreads>(
-          smem.q_tile[fetch_round % Cfg::kQBuffers],
-          copy_source<kHeadDim, kThreads>(head_rows(params.q, params.q_strides, fetch) + fetch.q_start * q_stride, q_stride),
-          q_stride, params.seqlen_q - fetch.q_start);
-    }
-    const int keys_left = seqlen_k - fetch_tile * kBlockN;
-    copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[buffer], k_from, k_stride, keys_left);
-    k_from += kBlockN * k_stride;
-    if (kStages > 1) {
-      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[buffer], v_from, v_stride, keys_left);
-      v_from += kBlockN * v_stride;
-    }
+    if (fetch_tile == 0)
+      copy_tile_async<kBlockM, kHeadDim, kThreads>(smem.q_tile[fetch_round % Cfg::kQBuffers],
+                                                   head_rows(params.q, params.q_strides, fetch), params.q_strides[2],
+                                                   fetch.q_start, params.seqlen_q);
+    copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.k_tile[buffer], head_rows(params.k, params.k_strides, fetch),
+                                                 k_stride, fetch_tile * kBlockN, seqlen_k);
+    if (kStages > 1)
+      copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[buffer], head_rows(params.v, params.v_strides, fetch),
+                                                   v_stride, fetch_tile * kBlockN, seqlen_k);
     if (++fetch_tile == fetch.num_tiles) {
       fetch_tile = 0;
       fetch = WorkItem<kBlockM, kBlockN>(params, item_of(++fetch_round));
-      if (fetch.index < num_items) aim();
     }
   };
   for (int stage = 0; stage < Cfg::kFetchAhead; ++stage) {
@@ -449,21 +420,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
     // leave it, and O, alone; `correction` is what O's rows must be multiplied by, and the return
     // value says whether any row of the warp needs it (warp-uniform).
     float correction[kMTiles][2];
-    const auto add_row_sums = [&](const Scores& p) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float partial[kKeyTiles];
-#pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j) partial[j] = p[mt][j][2 * h] + p[mt][j][2 * h + 1];
-#pragma unroll
-          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
-#pragma unroll
-            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
-          row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + partial[0];
-        }
-    };
     const auto softmax = [&](Scores& s) {
       bool moved = false;
 #pragma unroll
@@ -485,11 +441,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
           correction[mt][h] = softmax_exp(old_max - base);
           row_max[mt][h] = new_max;
 #pragma unroll
-          for (int j = 0; j < kKeyTiles; ++j)
+          for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
+            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+          }
+#pragma unroll
+          for (int width = kKeyTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+            for (int j = 0; j < width; ++j) partial[j] += partial[j + width];
+          row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + partial[0];
         }
-      if (!SUM_AFTER_PV) add_row_sums(s);
       return __any_sync(0xffffffffu, moved);
     };
     const auto rescale_o = [&] {
@@ -526,7 +488,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
           }
         }
       }
-      if (SUM_AFTER_PV) add_row_sums(p);
     };
 
     if constexpr (Cfg::kOverlap) {
@@ -557,15 +518,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
             for (int e = 0; e < 4; ++e) s[mt][j][e] = s_next[mt][j][e];
       }
     } else {
-      // STAGES = 1: V is copied for the tile being computed, K one tile ahead (the fetch cursor).
-      const T* v_work = kStages == 1 ? copy_source<kHeadDim, kThreads>(head_rows(params.v, params.v_strides, work), v_stride)
-                                     : nullptr;
       for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {
         if constexpr (kStages == 1) {
           cp_async_wait<0>();   // K(t) (and Q) have landed
           __syncthreads();      // ... for every thread, and every warp is done with V(t-1)
-          copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], v_work, v_stride, seqlen_k - tile * kBlockN);
-          v_work += kBlockN * v_stride;
+          copy_tile_async<kBlockN, kHeadDim, kThreads>(smem.kv.v_tile[0], head_rows(params.v, params.v_strides, work),
+                                                       v_stride, tile * kBlockN, seqlen_k);
           cp_async_commit();
         } else {
           tile_landed(step);
@@ -577,7 +535,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
           scores(s, step);
           mask(s, tile);
           const bool moved = softmax(s);
-          if ((!SKIP_FIRST_RESCALE || tile > 0) && (moved || !LAZY_RESCALE)) rescale_o();
+          if (moved || !LAZY_RESCALE) rescale_o();
         }
         if constexpr (kStages == 1) {
           cp_async_wait<0>();   // V(t) has landed
@@ -636,33 +594,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) attention_regi
       }
     }
 
-    // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+    // Epilogue: every row's total first, so that the shuffles' latencies overlap; then normalise and
+    // write the rows that exist, two columns per store. A row's total is at least 1 (its maximum's
+    // term), so the fast reciprocal is safe.
+    float inv_sum[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) inv_sum[mt][h] = quad_sum(row_sum[mt][h]);
+    const int64_t o_stride = params.o_strides[2];
+    T* o_rows = row_ptr(static_cast<T*>(params.o), params.o_strides, work.batch, work.head, first_row + g) + 2 * t;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
-        const int query = first_row + mt * 16 + g + h * 8;
-        if (query >= params.seqlen_q) continue;
-        T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, work.batch, work.head, query);
+        const int row = mt * 16 + h * 8;   // below this lane's first row
+        if (first_row + g + row >= params.seqlen_q) continue;
+        const float scale = __fdividef(1.f, inv_sum[mt][h]);
+        T* o = o_rows + row * o_stride;
 #pragma unroll
         for (int d = 0; d < kDTiles; ++d)
-          *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) =
-              pack2<T>(o_acc[mt][d][2 * h] * inv_sum, o_acc[mt][d][2 * h + 1] * inv_sum);
+          *reinterpret_cast<uint32_t*>(o + d * 8) = pack2<T>(o_acc[mt][d][2 * h] * scale, o_acc[mt][d][2 * h + 1] * scale);
       }
   }
+}
+
+// Host-side facts are looked up once per device, not on every call: each lookup adds microseconds to
+// a call that, at the mission shape, runs for a few.
+constexpr int kMaxDevices = 64;
+
+static cudaError_t sm_count(int device, int* sms) {
+  static std::atomic<int> cached[kMaxDevices];   // 0: not looked up yet
+  if (device < kMaxDevices && (*sms = cached[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && device < kMaxDevices) cached[device].store(*sms, std::memory_order_relaxed);
+  return err;
 }
 
 // The key-split path when the large-tile grid would leave SMs idle.
 static bool use_split_tiles(const FlashParams& p) {
   if (KV_SPLIT == 1) return false;
-  int threshold = SMALL_PROBLEM_CTAS;
-  if (threshold < 0) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&threshold, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return false;
-  }
+  int threshold = SMALL_PROBLEM_CTAS, device = 0;
+  if (threshold < 0 && (cudaGetDevice(&device) != cudaSuccess || sm_count(device, &threshold) != cudaSuccess)) return false;
   const int block_m = p.head_dim == 128 ? BLOCK_M_D128 : BLOCK_M;
   const long long ctas = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.heads * p.batch;
   return ctas < threshold;
@@ -672,20 +645,27 @@ template <typename T, int kHeadDim, typename Cfg>
 cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   constexpr size_t kSmem = sizeof(SharedStorage<T, kHeadDim, Cfg>);
   const auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
   const long long items = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
   if (items > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  // Once per device: allow this kernel its shared memory, and ask how many of its CTAs an SM holds.
+  static std::atomic<int> ctas_per_sm[kMaxDevices];   // 0: not prepared on that device yet
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices) per_sm = ctas_per_sm[device].load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess ||
+        (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem)) != cudaSuccess)
+      return err;
+    per_sm = std::max(1, per_sm);
+    if (device < kMaxDevices) ctas_per_sm[device].store(per_sm, std::memory_order_relaxed);
+  }
   long long ctas = items;
   // Persistent: no more CTAs than are resident at once. The key-split configuration keeps one query
   // tile per CTA (its merge reuses the K/V buffers), and is only chosen when that fits anyway.
   if (PERSISTENT && Cfg::kKvSplit == 1) {
-    int device = 0, sms = 0, per_sm = 0;
-    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
-        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
-        (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem)) != cudaSuccess)
-      return err;
-    const long long resident = PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : std::max(1, per_sm) * static_cast<long long>(sms);
+    if ((err = sm_count(device, &sms)) != cudaSuccess) return err;
+    const long long resident = PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : per_sm * static_cast<long long>(sms);
     ctas = std::min(items, resident);
   }
   kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, kSmem, stream>>>(p);
