@@ -534,8 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
         if (is_active) {
           scores(s, step);
           mask(s, tile);
-          const bool moved = softmax(s);
-          if (moved || !LAZY_RESCALE) rescale_o();
+          if (softmax(s) || !LAZY_RESCALE) rescale_o();
         }
         if constexpr (kStages == 1) {
           cp_async_wait<0>();   // V(t) has landed
@@ -594,27 +593,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
       }
     }
 
-    // Epilogue: every row's total first, so that the shuffles' latencies overlap; then normalise and
-    // write the rows that exist, two columns per store. A row's total is at least 1 (its maximum's
-    // term), so the fast reciprocal is safe.
-    float inv_sum[kMTiles][2];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) inv_sum[mt][h] = quad_sum(row_sum[mt][h]);
-    const int64_t o_stride = params.o_strides[2];
-    T* o_rows = row_ptr(static_cast<T*>(params.o), params.o_strides, work.batch, work.head, first_row + g) + 2 * t;
+    // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = mt * 16 + h * 8;   // below this lane's first row
-        if (first_row + g + row >= params.seqlen_q) continue;
-        const float scale = __fdividef(1.f, inv_sum[mt][h]);
-        T* o = o_rows + row * o_stride;
+        const float inv_sum = 1.f / quad_sum(row_sum[mt][h]);   // every lane joins the shuffle
+        const int query = first_row + mt * 16 + g + h * 8;
+        if (query >= params.seqlen_q) continue;
+        T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, work.batch, work.head, query);
 #pragma unroll
         for (int d = 0; d < kDTiles; ++d)
-          *reinterpret_cast<uint32_t*>(o + d * 8) = pack2<T>(o_acc[mt][d][2 * h] * scale, o_acc[mt][d][2 * h + 1] * scale);
+          *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) =
+              pack2<T>(o_acc[mt][d][2 * h] * inv_sum, o_acc[mt][d][2 * h + 1] * inv_sum);
       }
   }
 }
