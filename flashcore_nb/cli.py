@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,peaks,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -6,9 +6,10 @@ with plain nvcc (no GPU needed); methods: the timing-method experiment of chapte
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
 (the planted bug, the real kernel clean); ablate: chapter 7's techniques switched off one at a time;
-peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings. The last
-six write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results
-(no GPU needed; --out, default book/_static/ladder.png).
+profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
+matmul rate and copy bandwidth, the roofline's ceilings. The last seven write
+results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
+needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, experiments, peaks, plots, results, sanitize, shapes
+from . import binding, build, env, experiments, peaks, plots, profile, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -26,7 +27,8 @@ from .phases import PHASES, get
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep", "sanitize", "ablate", "peaks", "figures"])
+                                            "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
+                                            "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -62,6 +64,9 @@ def main(argv=None) -> int:
         return 0
     if args.command == "ablate":
         print("wrote", experiments.record_ablations())
+        return 0
+    if args.command == "profile":
+        print("wrote", profile.record())
         return 0
     if args.command == "peaks":
         print("wrote", peaks.record())

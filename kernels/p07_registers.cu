@@ -632,8 +632,10 @@ static bool use_split_tiles(const FlashParams& p) {
   return ctas < threshold;
 }
 
+// `static`, so that its cached facts are this build's own: builds of this file with other -D defines
+// share these template names, load into one process, and would otherwise share one copy of the cache.
 template <typename T, int kHeadDim, typename Cfg>
-cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+static cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   constexpr size_t kSmem = sizeof(SharedStorage<T, kHeadDim, Cfg>);
   const auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
   const long long items = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
