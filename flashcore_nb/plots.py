@@ -411,3 +411,27 @@ def swizzle_pattern(head_dim: int = 64):
     fig.suptitle(f"Rows of {head_dim} halves = {chunks} chunks of 16 bytes; the number is the logical chunk", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def stall_breakdown(frame: pd.DataFrame, stall_labels, provenance: str):
+    """Chapter 7's profile: the cycles between two instructions of one warp, split by what it waited for
+    (stacked per case), with the tensor pipe's and the issue slots' busy share beside each bar."""
+    labels = [*stall_labels, "other"]
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    y = np.arange(len(frame))
+    left = np.zeros(len(frame))
+    colors = plt.get_cmap("tab10").colors
+    for i, label in enumerate(labels):
+        values = frame[label].to_numpy(dtype=float)
+        ax.barh(y, values, left=left, color=colors[i % len(colors)], label=label)
+        left += values
+    for yi, total, tensor, issue in zip(y, left, frame["tensor_pipe_pct"], frame["issue_busy_pct"]):
+        ax.text(total + 0.05, yi, f"tensor pipe {tensor:.0f}%\nissue slots {issue:.0f}%", va="center", fontsize=7)
+    ax.set_yticks(y, frame["case"], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.3)
+    ax.set_xlabel("cycles per issued instruction, one warp (Nsight Compute)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(provenance, fontsize=7)
+    fig.tight_layout()
+    return fig

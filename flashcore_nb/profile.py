@@ -47,7 +47,7 @@ STALL_LABELS = {
     "long_scoreboard": "global memory (cp.async wait)",
     "math_pipe_throttle": "math pipe busy",
     "mio_throttle": "MIO queue full",
-    "barrier": "__syncthreads",
+    "barrier": "barrier (__syncthreads)",
 }
 LAUNCHES_SKIPPED = 2   # the profiled program's warm-up launches
 
