@@ -98,15 +98,15 @@ def runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     """The recorded profile, a row per case, stall reasons as columns (cycles per issued instruction);
     reasons without a label of their own are summed as "other"."""
     from . import experiments
-    record_ = experiments.load(NAME, gpu_slug)
+    recorded = experiments.load(NAME, gpu_slug)
     rows = []
-    for row in record_["rows"]:
+    for row in recorded["rows"]:
         stalls = dict(row["stalls"])
         flat = {key: row[key] for key in ("case", *COUNTERS)}
         flat.update({label: stalls.pop(reason, 0.0) for reason, label in STALL_LABELS.items()})
         flat["other"] = sum(stalls.values())
         rows.append(flat)
-    return pd.DataFrame(rows), experiments.provenance(record_)
+    return pd.DataFrame(rows), experiments.provenance(recorded)
 
 
 def main(case_name: str) -> int:
