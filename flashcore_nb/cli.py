@@ -53,23 +53,13 @@ def main(argv=None) -> int:
     if env.gpu() is None:
         print(f"'{args.command}' needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.command == "methods":
-        print("wrote", record_timing_methods())
-        return 0
-    if args.command == "precision":
-        print("wrote", experiments.record_precision(shapes.select(args.shapes, "correctness")))
-        return 0
-    if args.command == "sanitize":
-        print("wrote", sanitize.record())
-        return 0
-    if args.command == "ablate":
-        print("wrote", experiments.record_ablations())
-        return 0
-    if args.command == "profile":
-        print("wrote", profile.record())
-        return 0
-    if args.command == "peaks":
-        print("wrote", peaks.record())
+    # Recorded runs that take no phase: each writes one JSON record under results/<gpu>/.
+    recorders = {"methods": record_timing_methods,
+                 "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
+                 "sanitize": sanitize.record, "ablate": experiments.record_ablations, "profile": profile.record,
+                 "peaks": peaks.record}
+    if args.command in recorders:
+        print("wrote", recorders[args.command]())
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:
