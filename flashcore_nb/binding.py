@@ -31,9 +31,9 @@ def check_device(q, k, v) -> None:
 
 def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> None:
     """Everything but the device: dtype, rank, shapes, strides, phase features, arch."""
-    if gpu.cc < phase.min_cc:
-        raise RuntimeError(f"{phase.name} needs compute capability {phase.min_cc / 10:.1f} or newer; "
-                           f"this GPU ({gpu.name}) is {gpu.cc / 10:.1f}")
+    if not phase.runs_on(gpu.cc):
+        raise RuntimeError(f"{phase.name} runs on {phase.requirement}; "
+                           f"this GPU ({gpu.name}) is sm_{gpu.cc}")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.dim() != 4:
             raise ValueError(f"{name} must have rank 4 (batch, heads, seq_len, head_dim); "

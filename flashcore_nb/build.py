@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import env
 from .paths import KERNELS_DIR
+from .phases import get
 
 BINDING_FILE = Path(__file__).parent / "csrc" / "binding.cpp"
 _INCLUDE_RE = re.compile(r'^\s*#include\s+"(common/[^"]+)"', re.MULTILINE)
@@ -70,9 +71,11 @@ def kernel_sha256(kernel_file: Path, tile_params: dict) -> str:
     return digest.hexdigest()
 
 
-def gencode(cc: int) -> str:
-    # Naming the arch ourselves is deliberate: torch then adds no arch flags of its own.
-    return f"-gencode=arch=compute_{cc},code=sm_{cc}"
+def gencode(cc: int, arch_specific: bool = False) -> str:
+    # Naming the arch ourselves is deliberate: torch then adds no arch flags of its own. The "a" targets
+    # (sm_90a) enable one arch's own instructions, and run on that arch only.
+    arch = f"{cc}a" if arch_specific else str(cc)
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
 # --- ptxas stats --------------------------------------------------------------------------------
@@ -109,13 +112,13 @@ def parse_ptxas(log: str) -> PtxasStats:
     )
 
 
-def compile_only(kernel_file: Path, cc: int, tile_params: dict) -> PtxasStats:
+def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False) -> PtxasStats:
     """`nvcc -c` for one arch, no GPU needed; raises CompileError with the compiler's message."""
     nvcc = env.nvcc_path()
     if nvcc is None:
         raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc), f"-I{KERNELS_DIR}", *define_flags(tile_params),
+        cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc, arch_specific), f"-I{KERNELS_DIR}", *define_flags(tile_params),
                str(kernel_file), "-o", os.path.join(tmp, "kernel.o")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
@@ -201,7 +204,7 @@ def _compile(phase_name, name, directory, cc, tile_params, progress):
                 cuda_sources=kernel_file.read_text(),
                 extra_include_paths=[str(KERNELS_DIR)],
                 extra_cflags=["-O2", "-std=c++17"],
-                extra_cuda_cflags=[*NVCC_FLAGS, gencode(cc), *define_flags(tile_params)],
+                extra_cuda_cflags=[*NVCC_FLAGS, gencode(cc, get(phase_name).arch_specific), *define_flags(tile_params)],
                 build_directory=str(directory),
                 with_cuda=True,
                 no_implicit_headers=True,   # the sources include what they need; torch's headers cost ~10 s

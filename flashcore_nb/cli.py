@@ -5,7 +5,8 @@ beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stat
 with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
-(the planted bug, the real kernel clean); ablate: chapter 7's techniques switched off one at a time;
+(the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
+(--phase p07_registers, p08_wgmma, or all);
 profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
 matmul rate and copy bandwidth, the roofline's ceilings. The last seven write
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
@@ -42,7 +43,8 @@ def main(argv=None) -> int:
         print("phases:", ", ".join(PHASES))
         return 0
     if args.command == "stats":
-        rows = [{"phase": n, "arch": f"sm_{cc}", **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc)))}
+        rows = [{"phase": n, "arch": get(n).arch_name(cc),
+                 **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc), get(n).arch_specific))}
                 for n in names for cc in (args.arch or get(n).archs)]
         print(pd.DataFrame(rows).to_string(index=False))
         return 0
@@ -56,10 +58,18 @@ def main(argv=None) -> int:
     # Recorded runs that take no phase: each writes one JSON record under results/<gpu>/.
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
-                 "sanitize": sanitize.record, "ablate": experiments.record_ablations, "profile": profile.record,
+                 "sanitize": sanitize.record, "profile": profile.record,
                  "peaks": peaks.record}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
+        return 0
+    if args.command == "ablate":
+        chosen = [n for n in names if n in experiments.ABLATIONS]
+        if not chosen:
+            print(f"ablate needs --phase one of {sorted(experiments.ABLATIONS)} (or all)", file=sys.stderr)
+            return 2
+        for name in chosen:
+            print("wrote", experiments.record_ablations(name))
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:

@@ -39,25 +39,35 @@ SWEEP_GRIDS = {
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
 SWEEP_TIMING_CASES = ("mission", "b4h16_s2048")
 
-# Chapter 7: each technique changed alone from p07's defaults, checked (small cases take the key-split
-# path, the large ones the large-tile path) and timed on every timing case.
-ABLATION_PHASE = "p07_registers"
+# Chapters 7 and 8: each technique changed alone from the phase's defaults, checked (p07's small cases
+# take its key-split path, the large ones its large-tile path) and timed on every timing case.
 ABLATIONS = {
-    "defaults": {},
-    "no swizzle": {"SWIZZLE": 0},
-    "16 rows per warp": {"WARP_ROWS": 16},
-    "Q re-read every tile (D=64)": {"Q_IN_REGS_MAX_D": 0},
-    "1 stage, FA2 schedule (D=64)": {"STAGES": 1},
-    "3 stages (D=64)": {"STAGES": 3},
-    "2 stages (D=128)": {"STAGES_D128": 2},
-    "256-row tiles (D=128)": {"BLOCK_M_D128": 256},
-    "mask every tile": {"SEPARATE_MASKED_TILES": 0},
-    "exp, scale not folded": {"FOLD_LOG2E": 0},
-    "rescale O every tile": {"LAZY_RESCALE": 0},
-    "one CTA per query tile": {"PERSISTENT": 0},
-    "32-key tiles": {"BLOCK_N": 32},
-    "32-key tiles, softmax beside next Q·Kᵀ": {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1},
-    "no key-split path": {"SMALL_PROBLEM_CTAS": 0},
+    "p07_registers": {
+        "defaults": {},
+        "no swizzle": {"SWIZZLE": 0},
+        "16 rows per warp": {"WARP_ROWS": 16},
+        "Q re-read every tile (D=64)": {"Q_IN_REGS_MAX_D": 0},
+        "1 stage, FA2 schedule (D=64)": {"STAGES": 1},
+        "3 stages (D=64)": {"STAGES": 3},
+        "2 stages (D=128)": {"STAGES_D128": 2},
+        "256-row tiles (D=128)": {"BLOCK_M_D128": 256},
+        "mask every tile": {"SEPARATE_MASKED_TILES": 0},
+        "exp, scale not folded": {"FOLD_LOG2E": 0},
+        "rescale O every tile": {"LAZY_RESCALE": 0},
+        "one CTA per query tile": {"PERSISTENT": 0},
+        "32-key tiles": {"BLOCK_N": 32},
+        "32-key tiles, softmax beside next Q·Kᵀ": {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1},
+        "no key-split path": {"SMALL_PROBLEM_CTAS": 0},
+    },
+    "p08_wgmma": {
+        "defaults": {},
+        "softmax under its own P·V (FA3 overlap)": {"OVERLAP": 1},
+        "128-key tiles, one CTA per SM (D=64)": {"BLOCK_N": 128, "CTAS_PER_SM": 1},
+        "one warpgroup per CTA": {"WARPGROUPS": 1, "CTAS_PER_SM": 4, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64,
+                                  "CTAS_PER_SM_D128": 2},
+        "three warpgroups per CTA (D=64)": {"WARPGROUPS": 3, "CTAS_PER_SM": 1},
+        "64-key tiles (D=128)": {"BLOCK_N_D128": 64},
+    },
 }
 ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")
 ABLATION_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
@@ -262,19 +272,19 @@ def record_sweep(phase_name: str) -> Path:
     return write(record)
 
 
-def record_ablations() -> Path:
-    configs = list(ABLATIONS.values())
-    rows, sdpa = run_sweep(ABLATION_PHASE, configs, check_names=ABLATION_CHECK_CASES,
+def record_ablations(phase_name: str) -> Path:
+    variants = ABLATIONS[phase_name]
+    rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=ABLATION_CHECK_CASES,
                            timing_names=ABLATION_TIMING_CASES)
-    for variant, row in zip(ABLATIONS, rows):
+    for variant, row in zip(variants, rows):
         row["variant"] = variant
-    record = make_record(f"{ABLATION_PHASE}_ablations", ABLATION_PHASE, dict(zip(ABLATIONS, configs)), rows)
+    record = make_record(f"{phase_name}_ablations", phase_name, variants, rows)
     record["sdpa"] = sdpa
     return write(record)
 
 
-def ablation_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
-    record = load(f"{ABLATION_PHASE}_ablations", gpu_slug)
+def ablation_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
+    record = load(f"{phase_name}_ablations", gpu_slug)
     return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)
 
 

@@ -50,8 +50,8 @@ def collect_runs(fn, correctness, timing) -> list[dict]:
 def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurement:
     """Live: compile, check and time the phase now. Replay (or a live GPU too old for the phase, which
     is said beside the numbers): the record for `gpu_slug`."""
-    too_old = env.mode() == "live" and env.gpu().cc < get(phase_name).min_cc
-    if env.mode() == "live" and not too_old:
+    cannot_run = env.mode() == "live" and not get(phase_name).runs_on(env.gpu().cc)
+    if env.mode() == "live" and not cannot_run:
         from .bench import matmul_tflops
         from .binding import load
         fn = load(phase_name)
@@ -63,8 +63,8 @@ def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurem
         raise FileNotFoundError(f"no recorded results for {phase_name} on {gpu_slug}; record them on a GPU "
                                 f"with `python -m flashcore_nb record --phase {phase_name}`")
     line = results.provenance(record)
-    if too_old:
-        line = (f"{env.gpu().name} (sm_{env.gpu().cc}) cannot run {phase_name} (needs sm_{get(phase_name).min_cc}+); "
+    if cannot_run:
+        line = (f"{env.gpu().name} (sm_{env.gpu().cc}) cannot run {phase_name} (needs {get(phase_name).requirement}); "
                 f"showing the record: {line}")
     return Measurement(pd.DataFrame(record["runs"]), record["matmul_tflops"], line, record)
 

@@ -13,6 +13,7 @@ class Phase:
     notebook: str                     # chapter notebook stem in notebooks/
     archs: tuple[int, ...]            # compute capabilities CI compiles for (ptxas stats per arch)
     min_cc: int                       # oldest GPU the kernel runs on
+    arch_specific: bool = False       # uses one arch's own instructions (sm_90a: wgmma): runs on `archs` only
     dtypes: tuple[str, ...] = ("float16", "bfloat16")
     head_dims: tuple[int, ...] = (64, 128)
     causal: bool = True               # supports causal masking
@@ -25,6 +26,19 @@ class Phase:
     @property
     def kernel_file(self):
         return KERNELS_DIR / f"{self.name}.cu"
+
+    def runs_on(self, cc: int) -> bool:
+        return cc >= self.min_cc and (not self.arch_specific or cc in self.archs)
+
+    def arch_name(self, cc: int) -> str:
+        return f"sm_{cc}a" if self.arch_specific else f"sm_{cc}"
+
+    @property
+    def requirement(self) -> str:
+        """The GPUs the phase runs on, in words."""
+        if self.arch_specific:
+            return " or ".join(f"sm_{cc}" for cc in self.archs) + " (its instructions exist there only)"
+        return f"sm_{self.min_cc} or newer"
 
     def tile_params_for(self, cc: int) -> dict:
         """The default -D defines on a GPU of compute capability `cc`."""
@@ -116,6 +130,18 @@ _REGISTRY = [
         # word or three (4 B on sm_90, 12 B on sm_80 and sm_89), and that still measured faster than every
         # spill-free tiling tried (chapter 7).
         spill_budget_bytes=32,
+    ),
+    Phase(
+        name="p08_wgmma",
+        title="Phase 8: Hopper's warpgroup MMA (wgmma)",
+        notebook="08_wgmma",
+        archs=(90,),
+        min_cc=90,
+        arch_specific=True,       # wgmma.mma_async: sm_90a, Hopper only
+        aligned_16b=True,
+        # Defaults from the H100 runs of chapter 8: two CTAs of 2 x 64 rows per SM at D = 64, one at D = 128.
+        tile_params={"WARPGROUPS": 2, "BLOCK_N": 64, "CTAS_PER_SM": 2,
+                     "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0},
     ),
 ]
 

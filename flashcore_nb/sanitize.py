@@ -21,12 +21,14 @@ TOLERANCE = 2e-3  # fp16 output of values of magnitude ~1
 # Beyond each phase's defaults: p05 with 16 lanes per query row and with one, where the in-place
 # S -> P hand-over and the warp loops take their other shapes; p06 with 1 and 3 stages; p07's
 # large-tile path (these small cases otherwise take its key-split path) with both pipelines and the
-# overlap, on one persistent CTA that crosses every query tile of a case.
+# overlap, on one persistent CTA that crosses every query tile of a case; p08 with its overlap, and
+# with three warpgroups and one.
 EXTRA_TARGETS = ["p05_tile64:BLOCK_M=32,BLOCK_N=128,NUM_WARPS=16", "p05_tile64:BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4",
                  "p06_async:STAGES=1", "p06_async:BLOCK_M=32,BLOCK_N=64,NUM_WARPS=16,STAGES=3",
                  "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1",
                  "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1,STAGES=1,BLOCK_M_D128=256,STAGES_D128=2",
-                 "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1,OVERLAP_SOFTMAX=1,BLOCK_N=32,STAGES=3,STAGES_D128=3"]
+                 "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1,OVERLAP_SOFTMAX=1,BLOCK_N=32,STAGES=3,STAGES_D128=3",
+                 "p08_wgmma:OVERLAP=1", "p08_wgmma:WARPGROUPS=3,BLOCK_N=192,CTAS_PER_SM=1,WARPGROUPS_D128=1,BLOCK_N_D128=64"]
 
 # Chapter 6's recorded runs: the planted bug under memcheck, then the real kernel under each tool.
 PLANTED = "p06_async:PLANTED_BUG=1"
@@ -86,7 +88,7 @@ def default_targets() -> list[str]:
     """Every phase this GPU can run, and the extra tile shapes."""
     from . import env
     from .phases import PHASES
-    runnable = {name for name, phase in PHASES.items() if phase.min_cc <= env.gpu().cc}
+    runnable = {name for name, phase in PHASES.items() if phase.runs_on(env.gpu().cc)}
     return [t for t in [*PHASES, *EXTRA_TARGETS] if parse_target(t)[0] in runnable]
 
 

@@ -40,7 +40,8 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
     added from budget.py (which a CPU test checks against the kernels' own sizeof)."""
     phase = get(phase_name)
     try:
-        rows = [{"arch": f"sm_{cc}", **vars(build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc)))}
+        rows = [{"arch": phase.arch_name(cc),
+                 **vars(build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific))}
                 for cc in phase.archs]
         source = "compiled just now with nvcc " + (build.env.nvcc_version() or "")
     except build.CompileError as error:

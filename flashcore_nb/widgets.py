@@ -76,9 +76,9 @@ def tile_explorer(phase_name: str = "p05_tile64"):
     pickers = {key: widgets.Dropdown(options=values, description=key,
                                      value=defaults[key] if defaults[key] in values else values[len(values) // 2])
                for key, values in grid.items()}
-    runnable = env.mode() == "live" and env.gpu().cc >= get(phase_name).min_cc
+    runnable = env.mode() == "live" and get(phase_name).runs_on(env.gpu().cc)
     button = widgets.Button(description="compile, check and time" if runnable or env.mode() != "live"
-                            else f"this GPU is older than sm_{get(phase_name).min_cc}", disabled=not runnable)
+                            else f"this GPU cannot run it (needs {get(phase_name).requirement})", disabled=not runnable)
     output = widgets.Output()
 
     def params():

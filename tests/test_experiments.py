@@ -10,7 +10,7 @@ RECORDS = experiments.all_records()
 
 def test_the_book_gpu_has_every_experiment():
     names = {record["experiment"] for _, record in RECORDS}
-    assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations",
+    assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations", "p08_wgmma_ablations",
             "p07_registers_profile", "peaks"} <= names
 
 

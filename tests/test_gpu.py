@@ -106,6 +106,28 @@ def test_p07_configurations_are_correct(cuda, params):
             assert result.unwritten == 0 and result.passed, result
 
 
+# p08: the other tile shapes (one and three warpgroups, wider key tiles, two CTAs per SM at D = 128)
+# and the overlap switch; each must change the speed, never the result.
+P08_CONFIGS = [{"OVERLAP": 1},
+               {"WARPGROUPS": 1, "BLOCK_N": 128, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64, "CTAS_PER_SM_D128": 2},
+               {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "OVERLAP": 1},
+               {"BLOCK_N": 256, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 3, "BLOCK_N_D128": 64}]
+
+
+@pytest.mark.parametrize("params", P08_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_p08_configurations_are_correct(cuda, params):
+    if not flashcore_nb.PHASES["p08_wgmma"].runs_on(torch.cuda.get_device_capability()[0] * 10 +
+                                                      torch.cuda.get_device_capability()[1]):
+        with pytest.raises(RuntimeError, match="runs on sm_90"):
+            flashcore_nb.load("p08_wgmma", **params)(*make_inputs(MISSION))
+        return
+    fn = flashcore_nb.load("p08_wgmma", **params)
+    for case in CORRECTNESS:
+        for dtype in (torch.float16, torch.bfloat16):
+            result = check(fn, case, dtype, seed=2)
+            assert result.unwritten == 0 and result.passed, result
+
+
 def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
     from flashcore_nb.binding import SharedMemoryError
     fn = flashcore_nb.load("p05_tile64", BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8)

@@ -10,7 +10,7 @@ CASES = [(name, cc) for name, phase in PHASES.items() for cc in phase.archs]
 @pytest.mark.parametrize("name,cc", CASES, ids=[f"{n}-sm_{cc}" for n, cc in CASES])
 def test_compiles_with_ptxas_stats(name, cc):
     phase = PHASES[name]
-    stats = build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc))
+    stats = build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific)
     assert stats.kernels >= 1 and stats.registers > 0
     budget = phase.spill_budget_bytes
     assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{name} spills on sm_{cc}: {stats}"

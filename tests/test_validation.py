@@ -50,8 +50,19 @@ def test_phase_features_are_enforced():
         validate_problem(narrow, q, q, q, True, H100)
     with pytest.raises(ValueError, match="equal query and key lengths"):
         validate_problem(narrow, q, t(1, 2, 32, 64), t(1, 2, 32, 64), False, H100)
-    with pytest.raises(RuntimeError, match="needs compute capability 8.0 or newer; this GPU \\(Tesla T4\\) is 7.5"):
+    with pytest.raises(RuntimeError, match="runs on sm_80 or newer; this GPU \\(Tesla T4\\) is sm_75"):
         validate_problem(narrow, q, q, q, False, T4)
+
+
+def test_an_arch_specific_phase_runs_on_its_arch_only():
+    wgmma = PHASES["p08_wgmma"]
+    q = t(1, 2, 16, 64)
+    validate_problem(wgmma, q, q, q, False, H100)
+    blackwell = GpuInfo("NVIDIA B200", 100, 148, 232448, 180 << 30, "test")
+    for gpu in (blackwell, GpuInfo("NVIDIA A100-SXM4-80GB", 80, 108, 166912, 80 << 30, "test")):
+        with pytest.raises(RuntimeError, match=f"p08_wgmma runs on sm_90 \\(its instructions exist there only\\); "
+                                               f"this GPU \\({gpu.name}\\) is sm_{gpu.cc}"):
+            validate_problem(wgmma, q, q, q, False, gpu)
 
 
 def test_bf16_refused_on_t4():

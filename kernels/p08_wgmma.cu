@@ -1,0 +1,370 @@
+// Phase 8 — Hopper's warpgroup MMA: wgmma.mma_async, reading K and V straight from shared memory.
+//
+// What changed vs phase 7, and why. Phase 7 is the FlashAttention-2 structure on mma.sync, and on an
+// H100 its profile (chapter 7) put it at a latency ceiling: 1.9 warps per scheduler, the tensor pipe
+// 42-56% busy, the largest stall a fixed-latency wait on the HMMA instructions, and at D = 128 every
+// mma waiting on its own ldmatrix. mma.sync is Ampere's instruction. Hopper's tensor cores are fed by
+// wgmma: a warpgroup (4 warps, 128 threads) issues one instruction for a 64xN tile, the instruction
+// reads its B operand from shared memory itself, and it runs asynchronously until waited for.
+//   - S = Q·Kᵀ: Q is loaded once into A fragments (phase 7's ldmatrix code: a warp's share of a wgmma
+//     A operand is an mma.sync A fragment); Kᵀ comes from shared memory through a 64-bit descriptor
+//     (common/wgmma.cuh), 64 keys per instruction. No ldmatrix per mma, no B registers.
+//   - P·V: the S accumulators, converted to 16-bit pairs, are the register A operand, as in phase 7;
+//     V is read from shared memory as stored ("MN-major", transposed by the instruction).
+//   - Shared memory keeps phase 7's XOR swizzle, cut into 64-column blocks: 128-byte rows with their
+//     16-byte chunks XORed by (row % 8) is exactly the hardware's "128B swizzle" mode, so cp.async
+//     writes tiles that wgmma reads without bank conflicts.
+// A CTA holds WARPGROUPS x 64 query rows, 64 per warpgroup; all its threads copy K one tile ahead and
+// V two tiles ahead with cp.async while the warpgroups compute. The softmax and the causal handling are
+// phase 7's: exp2 with log2(e) folded into the scale, a row maximum that moves only by more than 2^8,
+// masks only on the tiles that need them, tiles right of the diagonal never loaded, longest rows first.
+// Measured on an H100 (chapter 8): 1.15-1.25x SDPA's FlashAttention-2 backend at the large shapes,
+// D = 128 included, where phase 7 could not pass it.
+//
+// Tile parameters: WARPGROUPS, BLOCK_N (keys per tile, a multiple of 64) and CTAS_PER_SM for D = 64;
+// WARPGROUPS_D128, BLOCK_N_D128 and CTAS_PER_SM_D128 for D = 128. OVERLAP=1 issues each tile's Q·Kᵀ
+// together with the previous tile's P·V, so that a warpgroup's softmax runs under its own P·V
+// (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch (chapter 8).
+//
+// Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
+// head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
+// get no key-split path: phase 7 remains the faster kernel there.
+#include <atomic>
+#include <cmath>
+
+#include "common/async_copy.cuh"
+#include "common/mma.cuh"
+#include "common/numeric.cuh"
+#include "common/params.cuh"
+#include "common/warp_reduce.cuh"
+#include "common/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "p08_wgmma needs wgmma: compile it for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+#ifndef WARPGROUPS
+#define WARPGROUPS 2
+#endif
+#ifndef WARPGROUPS_D128
+#define WARPGROUPS_D128 2
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM 2
+#endif
+#ifndef BLOCK_N_D128
+#define BLOCK_N_D128 128
+#endif
+#ifndef CTAS_PER_SM_D128
+#define CTAS_PER_SM_D128 1
+#endif
+#ifndef OVERLAP
+#define OVERLAP 0
+#endif
+
+template <int kHeadDim>
+struct Tiles {
+  static constexpr int kWarpgroups = kHeadDim == 128 ? WARPGROUPS_D128 : WARPGROUPS;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kBlockM = 64 * kWarpgroups;
+  static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
+  static constexpr int kCtasPerSm = kHeadDim == 128 ? CTAS_PER_SM_D128 : CTAS_PER_SM;
+  // Shared memory: Q, then two K tiles, then two V tiles, each [kHeadDim / 64][rows][64].
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kSmemBytes = kQBytes + 4 * kKvBytes + 1024;   // + room to align to 1024
+
+  static_assert(kWarpgroups >= 1 && kWarpgroups <= 3, "WARPGROUPS(_D128) must be 1, 2 or 3 (64 query rows each)");
+  static_assert(kBlockN % 64 == 0 && kBlockN >= 64 && kBlockN <= 256,
+                "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys");
+};
+
+// Byte offset of element (row, col) in a tile of `rows` rows, stored as 64-column blocks of 128-byte
+// rows whose 16-byte chunks are XOR-swizzled by (row % 8): the layout of the 128B swizzle mode.
+__device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) {
+  return (col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
+// Copies rows [first, first + kRows) of one head into a swizzled tile; rows at or past `end` are zeros.
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void copy_tile(unsigned char* tile, const T* base, const int64_t* strides, int batch,
+                                          int head, int first, int end) {
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+#pragma unroll
+  for (int step = 0; step < (kChunks + kThreads - 1) / kThreads; ++step) {
+    const int i = step * kThreads + threadIdx.x;
+    if (kChunks % kThreads != 0 && i >= kChunks) break;
+    const int row = i / kChunksPerRow, col = i % kChunksPerRow * 8;
+    const bool inside = first + row < end;
+    const T* source = row_ptr(base, strides, batch, head, inside ? first + row : first) + col;
+    cp_async_16(tile + swizzled_offset(kRows, row, col), source, inside);
+  }
+}
+
+// Makes this thread's completed cp.async writes visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kCtasPerSm)
+    attention_wgmma_kernel(const FlashParams params) {
+  using Cfg = Tiles<kHeadDim>;
+  constexpr int kKSteps = kHeadDim / 16;        // k16 slices of Q·Kᵀ
+  constexpr int kKeyBlocks = Cfg::kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
+  constexpr int kPSteps = Cfg::kBlockN / 16;     // k16 slices of P·V
+  constexpr int kDBlocks = kHeadDim / 64;        // 64-column wgmmas per slice of P·V
+  constexpr float kRescaleSlack = 8.f;           // log2 units: move a row's maximum only past 2^8
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* const q_tile = smem;
+  unsigned char* const k_tiles = smem + Cfg::kQBytes;    // two buffers each for K and V
+  unsigned char* const v_tiles = k_tiles + 2 * Cfg::kKvBytes;
+
+  // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
+  // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int m_tiles = (params.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x);   // causal: the longest rows start first
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int first_row = m_tile * Cfg::kBlockM;
+  const int group_row = first_row + warpgroup * 64;                // this warpgroup's first query row
+  const int warp_row = group_row + warp * 16 + g;                  // this lane's rows: warp_row and + 8
+  const int key_end = params.causal ? min(params.seqlen_k, first_row + Cfg::kBlockM) : params.seqlen_k;
+  const int key_tiles = (key_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the CTA loads them all.
+  const int my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
+
+  const T* const q = static_cast<const T*>(params.q);
+  const T* const k = static_cast<const T*>(params.k);
+  const T* const v = static_cast<const T*>(params.v);
+  auto copy_k = [&](int tile) {
+    copy_tile<T, kHeadDim, Cfg::kBlockN, Cfg::kThreads>(k_tiles + tile % 2 * Cfg::kKvBytes, k, params.k_strides,
+                                                        batch, head, tile * Cfg::kBlockN, params.seqlen_k);
+  };
+  auto copy_v = [&](int tile) {
+    copy_tile<T, kHeadDim, Cfg::kBlockN, Cfg::kThreads>(v_tiles + tile % 2 * Cfg::kKvBytes, v, params.v_strides,
+                                                        batch, head, tile * Cfg::kBlockN, params.seqlen_k);
+  };
+
+  copy_tile<T, kHeadDim, Cfg::kBlockM, Cfg::kThreads>(q_tile, q, params.q_strides, batch, head, first_row,
+                                                      params.seqlen_q);
+  copy_k(0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  // Q stays in registers as A fragments: warp w of the warpgroup holds its 16 rows.
+  uint32_t q_frag[kKSteps][4];
+  {
+    const int row = warpgroup * 64 + warp * 16 + lane % 16;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+      ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
+  }
+
+  const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
+  float o_acc[kDBlocks][32];
+#pragma unroll
+  for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};   // rows g and g + 8; sum: this lane's part
+  float s[kKeyBlocks][32];          // S of the newest tile
+  uint32_t p_frag[kPSteps][4];      // P of the tile before it, waiting for its P·V
+
+  // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
+  auto issue_scores = [&](int tile) {
+    const uint32_t k_base = smem_address(k_tiles + tile % 2 * Cfg::kKvBytes);
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j) {
+        const uint32_t address = k_base + (kk / 4) * Cfg::kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
+        wgmma_m64n64k16<T, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+      }
+    wgmma_commit();
+  };
+  // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
+  auto issue_values = [&](int tile) {
+    const uint32_t v_base = smem_address(v_tiles + tile % 2 * Cfg::kKvBytes);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j) {
+        const uint32_t address = v_base + j * Cfg::kBlockN * 128 + kk * 16 * 128;
+        wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, Cfg::kBlockN * 128), 1);
+      }
+    wgmma_commit();
+  };
+  // Online softmax of the tile in s: masks, the new row maxima, P = exp2(S · scale - max) in place.
+  // Returns the factor O must be multiplied by (per row), which waits until O's running P·V is done.
+  auto softmax = [&](int tile, float (&correction)[2]) {
+    const int first_key = tile * Cfg::kBlockN;
+    if (first_key + Cfg::kBlockN > params.seqlen_k || (params.causal && first_key + Cfg::kBlockN - 1 > group_row)) {
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int key = first_key + j * 64 + i / 4 * 8 + 2 * t + i % 2;
+          if (key >= params.seqlen_k || (params.causal && key > warp_row + i % 4 / 2 * 8)) s[j][i] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {   // rows g (h = 0) and g + 8 (h = 1): a row's values are in one quad
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) tile_max = fmaxf(tile_max, fmaxf(s[j][4 * c + 2 * h], s[j][4 * c + 2 * h + 1]));
+      tile_max = quad_max(tile_max) * score_scale;
+      const float old_max = row_max[h];
+      const float new_max = tile_max > old_max + kRescaleSlack ? tile_max : old_max;
+      const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
+      correction[h] = fast_exp2(old_max - base);
+      row_max[h] = new_max;
+      row_sum[h] *= correction[h];
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[j][4 * c + 2 * h + e];
+            x = fast_exp2(x * score_scale - base);
+            row_sum[h] += x;
+          }
+    }
+  };
+  auto rescale_output = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (correction[h] == 1.f) continue;   // the usual case once the maxima settle
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          o_acc[j][4 * c + 2 * h] *= correction[h];
+          o_acc[j][4 * c + 2 * h + 1] *= correction[h];
+        }
+    }
+  };
+  // P in A-fragment order: k16 slice kk is 8-key chunks 2kk and 2kk + 1 of the S accumulators.
+  auto pack_probabilities = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const float* lo = &s[kk / 4][(kk % 4) * 8];
+      p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
+      p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
+      p_frag[kk][2] = pack2<T>(lo[4], lo[5]);
+      p_frag[kk][3] = pack2<T>(lo[6], lo[7]);
+    }
+  };
+
+  // Step `step` computes S for tile `step` and P·V for tile step - 1, so that (OVERLAP) the softmax
+  // of one tile runs on the CUDA cores while the tensor cores do the previous tile's P·V. K is copied
+  // one tile ahead and V two: step `step` brings K(step + 1) into the buffer K(step - 1) left, and
+  // V(step) into the one V(step - 2) left. Every thread takes the CTA's key_tiles + 1 steps.
+  auto next_step = [&](int step) {
+    cp_async_wait<0>();   // K(step) and V(step - 1), copied during the previous step, have landed
+    fence_proxy_async();
+    __syncthreads();      // ... for every thread, and every warpgroup is done with the buffers refilled now
+    if (step + 1 < key_tiles) copy_k(step + 1);
+    if (step < key_tiles) copy_v(step);
+    cp_async_commit();
+  };
+  // The steps are peeled so that no wgmma sits under a branch: ptxas could not prove which groups are
+  // in flight there, and would wait for all of them.
+  float correction[2];
+  next_step(0);
+  issue_scores(0);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+  softmax(0, correction);   // O is still zero: no rescale
+  pack_probabilities();
+  for (int step = 1; step < my_tiles; ++step) {
+    next_step(step);
+    issue_scores(step);
+    if (OVERLAP) {
+      issue_values(step - 1);
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    softmax(step, correction);
+    if (!OVERLAP) issue_values(step - 1);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    rescale_output(correction);
+    pack_probabilities();
+  }
+  next_step(my_tiles);
+  issue_values(my_tiles - 1);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+  for (int step = my_tiles + 1; step <= key_tiles; ++step) next_step(step);   // causal: the other warpgroups' tiles
+
+  // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
+    const int row = warp_row + h * 8;
+    if (row >= params.seqlen_q) continue;
+    T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
+            pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
+  }
+}
+
+constexpr int kMaxDevices = 64;
+
+// `static`: each -D build of this file keeps its own per-device flag (see phase 7).
+template <typename T, int kHeadDim>
+static cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+  using Cfg = Tiles<kHeadDim>;
+  const auto kernel = attention_wgmma_kernel<T, kHeadDim>;
+  // Once per device: allow the kernel its shared memory.
+  static std::atomic<bool> prepared[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !prepared[device].load(std::memory_order_relaxed)) {
+    if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes)) !=
+        cudaSuccess)
+      return err;
+    if (device < kMaxDevices) prepared[device].store(true, std::memory_order_relaxed);
+  }
+  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
+  return params->head_dim == 128 ? Tiles<128>::kSmemBytes : Tiles<64>::kSmemBytes;
+}
+
+extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
+  const bool bf16 = params->dtype == kBFloat16;
+  if (params->head_dim == 64) return bf16 ? launch<__nv_bfloat16, 64>(stream, *params) : launch<__half, 64>(stream, *params);
+  if (params->head_dim == 128) return bf16 ? launch<__nv_bfloat16, 128>(stream, *params) : launch<__half, 128>(stream, *params);
+  return cudaErrorInvalidValue;
+}
