@@ -274,50 +274,51 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   // Step `step` computes S for tile `step` and P·V for tile step - 1, so that (OVERLAP) the softmax
   // of one tile runs on the CUDA cores while the tensor cores do the previous tile's P·V. K is copied
   // one tile ahead and V two: step `step` brings K(step + 1) into the buffer K(step - 1) left, and
-  // V(step) into the one V(step - 2) left. Every thread takes the CTA's key_tiles + 1 steps.
-  auto next_step = [&](int step) {
+  // V(step) into the one V(step - 2) left. Every thread takes the CTA's key_tiles + 1 steps through
+  // the one barrier (an aligned barrier must be the same instruction for all), while a warpgroup
+  // does only its own work in them (causal: fewer tiles for the upper rows). Each branch waits for
+  // every wgmma it issues: ptxas then knows that none is in flight where the branches meet, and does
+  // not serialise them.
+  for (int step = 0; step <= key_tiles; ++step) {
     cp_async_wait<0>();   // K(step) and V(step - 1), copied during the previous step, have landed
     fence_proxy_async();
     __syncthreads();      // ... for every thread, and every warpgroup is done with the buffers refilled now
     if (step + 1 < key_tiles) copy_k(step + 1);
     if (step < key_tiles) copy_v(step);
     cp_async_commit();
-  };
-  // The steps are peeled so that no wgmma sits under a branch: ptxas could not prove which groups are
-  // in flight there, and would wait for all of them.
-  float correction[2];
-  next_step(0);
-  issue_scores(0);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
-  softmax(0, correction);   // O is still zero: no rescale
-  pack_probabilities();
-  for (int step = 1; step < my_tiles; ++step) {
-    next_step(step);
-    issue_scores(step);
-    if (OVERLAP) {
-      issue_values(step - 1);
-      wgmma_wait<1>();
-    } else {
+
+    float correction[2];
+    if (step == 0) {
+      issue_scores(0);
       wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+      softmax(0, correction);   // O is still zero: no rescale
+      pack_probabilities();
+    } else if (step < my_tiles) {
+      issue_scores(step);
+      if (OVERLAP) {
+        issue_values(step - 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+      softmax(step, correction);
+      if (!OVERLAP) issue_values(step - 1);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+      rescale_output(correction);
+      pack_probabilities();
+    } else if (step == my_tiles) {
+      issue_values(step - 1);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
     }
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
-    softmax(step, correction);
-    if (!OVERLAP) issue_values(step - 1);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-    rescale_output(correction);
-    pack_probabilities();
   }
-  next_step(my_tiles);
-  issue_values(my_tiles - 1);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-  for (int step = my_tiles + 1; step <= key_tiles; ++step) next_step(step);   // causal: the other warpgroups' tiles
 
   // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
 #pragma unroll
