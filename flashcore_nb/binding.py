@@ -32,7 +32,8 @@ def check_device(q, k, v) -> None:
 def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> None:
     """Everything but the device: dtype, rank, shapes, strides, phase features, arch."""
     if not phase.runs_on(gpu.cc):
-        raise RuntimeError(f"{phase.name} runs on {phase.requirement}; "
+        reason = " (it uses instructions that exist on that architecture only)" if phase.arch_specific else ""
+        raise RuntimeError(f"{phase.name} needs an {phase.requirement} GPU{reason}; "
                            f"this GPU ({gpu.name}) is sm_{gpu.cc}")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.dim() != 4:

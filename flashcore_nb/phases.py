@@ -37,7 +37,7 @@ class Phase:
     def requirement(self) -> str:
         """The GPUs the phase runs on, in words."""
         if self.arch_specific:
-            return " or ".join(f"sm_{cc}" for cc in self.archs) + " (its instructions exist there only)"
+            return " or ".join(f"sm_{cc}" for cc in self.archs)
         return f"sm_{self.min_cc} or newer"
 
     def tile_params_for(self, cc: int) -> dict:

@@ -413,6 +413,24 @@ def swizzle_pattern(head_dim: int = 64):
     return fig
 
 
+def ablation(table: pd.DataFrame, cases: list[str], title: str):
+    """Each variant's time over the defaults' (tables.ablation), per case, on a log scale."""
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    variants = table.iloc[1:]
+    x = np.arange(len(variants))
+    width = 0.8 / len(cases)
+    for i, case in enumerate(cases):
+        ax.bar(x + i * width, variants[f"{case} vs defaults"], width, label=case)
+    ax.axhline(1.0, color="#444444", linewidth=1)
+    ax.set_xticks(x + 0.4 - width / 2, variants["variant"], rotation=25, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("time / defaults (log; > 1: the defaults win)")
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def stall_breakdown(frame: pd.DataFrame, stall_labels, provenance: str):
     """Chapter 7's profile: the cycles between two instructions of one warp, split by what it waited for
     (stacked per case), with the tensor pipe's and the issue slots' busy share beside each bar."""

@@ -34,6 +34,28 @@ def speed(runs: pd.DataFrame, matmul_tflops: float | None = None) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
+def versus_sdpa(runs: pd.DataFrame, label: str) -> pd.DataFrame:
+    """The phase against SDPA's FlashAttention-2 backend and its default (cuDNN on an H100), same run."""
+    timed = runs[runs["gpu_us"].notna()]
+    table = pd.DataFrame({
+        "case": timed["case"],
+        f"{label} µs": timed["gpu_us"],
+        "SDPA flash (FA2) µs": [baseline_us(b, "sdpa_flash") for b in timed["baselines"]],
+        "SDPA default (cuDNN) µs": [baseline_us(b, "sdpa_default") for b in timed["baselines"]],
+    })
+    table["speed-up over FA2"] = table["SDPA flash (FA2) µs"] / table[f"{label} µs"]
+    table["time / SDPA default"] = table[f"{label} µs"] / table["SDPA default (cuDNN) µs"]
+    return table.reset_index(drop=True)
+
+
+def ablation(rows: pd.DataFrame, cases: list[str]) -> pd.DataFrame:
+    """An ablation record's variants, each case's time and its ratio to the first row (the defaults)."""
+    table = rows[["variant", "status", "registers", "spill_bytes"] + [f"{c}_us" for c in cases]].copy()
+    for c in cases:
+        table[f"{c} vs defaults"] = table[f"{c}_us"] / table[f"{c}_us"].iloc[0]
+    return table
+
+
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
     """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's. ptxas
     sees only static shared memory; for phases that ask for theirs at launch, the dynamic size is

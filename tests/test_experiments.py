@@ -99,3 +99,14 @@ def test_sanitizer_targets_parse():
     assert sanitize.parse_target("p06_async") == ("p06_async", {})
     assert sanitize.parse_target("p05_tile64:BLOCK_M=32,NUM_WARPS=16") == ("p05_tile64", {"BLOCK_M": 32, "NUM_WARPS": 16})
     assert sanitize.command("racecheck", ["p06_async"])[:2] == ["compute-sanitizer", "--tool=racecheck"]
+
+
+@pytest.mark.parametrize("phase_name", list(experiments.ABLATIONS))
+def test_ablation_record_covers_every_variant(phase_name):
+    import pandas as pd
+    from flashcore_nb import tables
+    record = experiments.load(f"{phase_name}_ablations")
+    assert [row["variant"] for row in record["rows"]] == list(experiments.ABLATIONS[phase_name])
+    assert all(row["status"] == "ok" for row in record["rows"])
+    table = tables.ablation(pd.DataFrame(record["rows"]), ["mission", "b4h16_s2048"])
+    assert (table[["mission vs defaults", "b4h16_s2048 vs defaults"]].iloc[0] == 1.0).all()

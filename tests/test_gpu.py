@@ -118,7 +118,7 @@ P08_CONFIGS = [{"OVERLAP": 1},
 def test_p08_configurations_are_correct(cuda, params):
     if not flashcore_nb.PHASES["p08_wgmma"].runs_on(torch.cuda.get_device_capability()[0] * 10 +
                                                       torch.cuda.get_device_capability()[1]):
-        with pytest.raises(RuntimeError, match="runs on sm_90"):
+        with pytest.raises(RuntimeError, match="needs an sm_90 GPU"):
             flashcore_nb.load("p08_wgmma", **params)(*make_inputs(MISSION))
         return
     fn = flashcore_nb.load("p08_wgmma", **params)

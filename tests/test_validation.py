@@ -50,7 +50,7 @@ def test_phase_features_are_enforced():
         validate_problem(narrow, q, q, q, True, H100)
     with pytest.raises(ValueError, match="equal query and key lengths"):
         validate_problem(narrow, q, t(1, 2, 32, 64), t(1, 2, 32, 64), False, H100)
-    with pytest.raises(RuntimeError, match="runs on sm_80 or newer; this GPU \\(Tesla T4\\) is sm_75"):
+    with pytest.raises(RuntimeError, match="needs an sm_80 or newer GPU; this GPU \\(Tesla T4\\) is sm_75"):
         validate_problem(narrow, q, q, q, False, T4)
 
 
@@ -60,8 +60,8 @@ def test_an_arch_specific_phase_runs_on_its_arch_only():
     validate_problem(wgmma, q, q, q, False, H100)
     blackwell = GpuInfo("NVIDIA B200", 100, 148, 232448, 180 << 30, "test")
     for gpu in (blackwell, GpuInfo("NVIDIA A100-SXM4-80GB", 80, 108, 166912, 80 << 30, "test")):
-        with pytest.raises(RuntimeError, match=f"p08_wgmma runs on sm_90 \\(its instructions exist there only\\); "
-                                               f"this GPU \\({gpu.name}\\) is sm_{gpu.cc}"):
+        with pytest.raises(RuntimeError, match=f"p08_wgmma needs an sm_90 GPU \\(it uses instructions that exist on "
+                                               f"that architecture only\\); this GPU \\({gpu.name}\\) is sm_{gpu.cc}"):
             validate_problem(wgmma, q, q, q, False, gpu)
 
 
@@ -112,4 +112,9 @@ def test_a_gpu_too_old_for_a_phase_gets_the_record_with_the_reason(monkeypatch):
     monkeypatch.setattr(flashcore_nb.env, "gpu", lambda index=None: T4)
     m = measure.phase_runs("p06_async")
     assert m.record is not None and len(m.runs) == len(m.record["runs"])
-    assert m.provenance.startswith("Tesla T4 (sm_75) cannot run p06_async (needs sm_80+); showing the record: recorded on")
+    assert m.provenance.startswith("Tesla T4 (sm_75) cannot run p06_async (needs sm_80 or newer); showing the record: "
+                                   "recorded on")
+    monkeypatch.setattr(flashcore_nb.env, "gpu", lambda index=None: GpuInfo("NVIDIA B200", 100, 148, 232448, 0, "t"))
+    m = measure.phase_runs("p08_wgmma")
+    assert m.record is not None and m.provenance.startswith(
+        "NVIDIA B200 (sm_100) cannot run p08_wgmma (needs sm_90); showing the record: recorded on")
