@@ -1,8 +1,9 @@
 """Recorded experiments (chapter 4's precision experiment, chapter 5's tile sweep) and the CPU model."""
+import pandas as pd
 import pytest
 import torch
 
-from flashcore_nb import experiments, results, sanitize, simulate
+from flashcore_nb import experiments, results, sanitize, simulate, tables
 from flashcore_nb.shapes import MISSION
 
 RECORDS = experiments.all_records()
@@ -10,8 +11,8 @@ RECORDS = experiments.all_records()
 
 def test_the_book_gpu_has_every_experiment():
     names = {record["experiment"] for _, record in RECORDS}
-    assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations", "p08_wgmma_ablations",
-            "p07_registers_profile", "peaks"} <= names
+    assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations",
+            "p07_registers_profile", "p08_wgmma_ablations", "peaks"} <= names
 
 
 @pytest.mark.parametrize("path,record", RECORDS, ids=[p.name for p, _ in RECORDS])
@@ -103,8 +104,6 @@ def test_sanitizer_targets_parse():
 
 @pytest.mark.parametrize("phase_name", list(experiments.ABLATIONS))
 def test_ablation_record_covers_every_variant(phase_name):
-    import pandas as pd
-    from flashcore_nb import tables
     record = experiments.load(f"{phase_name}_ablations")
     assert [row["variant"] for row in record["rows"]] == list(experiments.ABLATIONS[phase_name])
     assert all(row["status"] == "ok" for row in record["rows"])

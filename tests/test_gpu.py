@@ -116,8 +116,8 @@ P08_CONFIGS = [{"OVERLAP": 1},
 
 @pytest.mark.parametrize("params", P08_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
 def test_p08_configurations_are_correct(cuda, params):
-    if not flashcore_nb.PHASES["p08_wgmma"].runs_on(torch.cuda.get_device_capability()[0] * 10 +
-                                                      torch.cuda.get_device_capability()[1]):
+    major, minor = torch.cuda.get_device_capability()
+    if not flashcore_nb.PHASES["p08_wgmma"].runs_on(10 * major + minor):
         with pytest.raises(RuntimeError, match="needs an sm_90 GPU"):
             flashcore_nb.load("p08_wgmma", **params)(*make_inputs(MISSION))
         return
