@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from .phases import get
 
-PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async", "p07_registers")   # the dynamic-shared-memory phases
+PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async", "p07_registers",
+                      "p08_wgmma")   # the dynamic-shared-memory phases
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 WARP = 32
 
@@ -132,6 +133,12 @@ def p07_tiles(head_dim: int, params: dict, split: bool) -> tuple[int, int, int, 
     return m, params["BLOCK_N"], params["STAGES_D128"] if wide else params["STAGES"], m // params["WARP_ROWS"]
 
 
+def p08_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
+    """p08's (warpgroups, BLOCK_N, CTAs per SM) for a head dim: D = 128 has its own defines."""
+    suffix = "_D128" if head_dim == 128 else ""
+    return params[f"WARPGROUPS{suffix}"], params[f"BLOCK_N{suffix}"], params[f"CTAS_PER_SM{suffix}"]
+
+
 def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> list[Buffer]:
     """The phase's SharedStorage, field by field in declaration order; tile_params override the
     registry defaults. `split`: p07's key-split configuration (small problems)."""
@@ -164,6 +171,12 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
         return [Buffer("Q tiles (x STAGES)", q_buffers * m, head_dim, 2),
                 Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
                 Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
+    if phase_name == "p08_wgmma":
+        warpgroups, n, _ = p08_tiles(head_dim, params)
+        # 64 query rows per warpgroup, two buffers each for K and V, rows swizzled, not padded. The
+        # kernel asks for 1 KB more and rounds its base up: wgmma's 128-byte swizzle needs 1024-byte tiles.
+        return [Buffer("Q tile", 64 * warpgroups, head_dim, 2), Buffer("K tiles (x 2)", 2 * n, head_dim, 2),
+                Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
     raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 
@@ -181,6 +194,8 @@ def threads_per_block(phase_name: str, tile_params: dict | None = None, head_dim
         return params["NUM_WARPS"] * WARP
     if phase_name == "p07_registers":
         return p07_tiles(head_dim, params, split)[3] * WARP
+    if phase_name == "p08_wgmma":
+        return p08_tiles(head_dim, params)[0] * 4 * WARP
     raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
 
 

@@ -17,7 +17,8 @@ SDPA_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficie
 BUFFER_COLORS = {"Q tile": "#1f77b4", "K tile": "#ff7f0e", "V tile": "#2ca02c", "S (fp32)": "#d62728",
                  "P (fp16)": "#9467bd", "P lo (fp16)": "#c5b0d5", "S then P (fp32 / fp16)": "#e377c2",
                  "O accumulator (fp32)": "#8c564b", "K tiles (x STAGES)": "#ffbb78", "V tiles (x STAGES)": "#98df8a",
-                 "Q tiles (x STAGES)": "#aec7e8"}
+                 "Q tiles (x STAGES)": "#aec7e8", "K tiles (x 2)": "#ffbb78", "V tiles (x 2)": "#98df8a",
+                 "alignment slack": "#c7c7c7"}
 
 
 def speed(runs: pd.DataFrame, label: str, provenance: str):

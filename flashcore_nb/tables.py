@@ -62,21 +62,21 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
     added from budget.py (which a CPU test checks against the kernels' own sizeof)."""
     phase = get(phase_name)
     try:
-        rows = [{"arch": phase.arch_name(cc),
-                 **vars(build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific))}
-                for cc in phase.archs]
+        ccs = list(phase.archs)
+        rows = [vars(build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific))
+                for cc in ccs]
         source = "compiled just now with nvcc " + (build.env.nvcc_version() or "")
     except build.CompileError as error:
         if record is None or "nvcc not found" not in str(error):
             raise
-        rows = [{"arch": f"sm_{record['env']['cc']}", **record["ptxas"]}]
+        ccs, rows = [record["env"]["cc"]], [record["ptxas"]]
         source = "from the record (no nvcc on this machine): " + results.provenance(record)
-    table = pd.DataFrame(rows).rename(columns={"smem_bytes": "static smem bytes"})
+    table = pd.DataFrame([{"arch": phase.arch_name(cc), **row} for cc, row in zip(ccs, rows)])
+    table = table.rename(columns={"smem_bytes": "static smem bytes"})
     if phase_name in budget.PHASES_WITH_LAYOUT:
         for head_dim in phase.head_dims:
             table[f"dynamic smem bytes (D={head_dim})"] = [
-                budget.smem_bytes(phase_name, head_dim, phase.tile_params_for(int(arch.removeprefix("sm_"))))
-                for arch in table["arch"]]
+                budget.smem_bytes(phase_name, head_dim, phase.tile_params_for(cc)) for cc in ccs]
     return table, source
 
 

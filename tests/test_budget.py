@@ -6,6 +6,7 @@ import pytest
 
 from flashcore_nb import budget, build, env
 from flashcore_nb.paths import KERNELS_DIR
+from flashcore_nb.phases import get
 
 # (phase, tile-parameter overrides): every layout smem_buffers knows, and the tile parameters that change it
 CONFIGS = [
@@ -23,6 +24,8 @@ CONFIGS = [
                        "STAGES_D128": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1, "KV_SPLIT": 2}),
     ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
                        "STAGES_D128": 4}),
+    ("p08_wgmma", {}),
+    ("p08_wgmma", {"WARPGROUPS": 3, "BLOCK_N": 192, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64}),
 ]
 HEAD_DIMS = (64, 128)
 
@@ -64,7 +67,8 @@ def kernel_sizeof(tmp_path_factory) -> dict[str, dict[int, int]]:
         name, overrides = config
         exe = tmp / _config_id(config)
         # PTX only: no SASS to assemble keeps each build to a few seconds
-        cmd = [nvcc, "-std=c++17", f"-I{KERNELS_DIR}", "-gencode=arch=compute_90,code=compute_90",
+        arch = "90a" if get(name).arch_specific else "90"
+        cmd = [nvcc, "-std=c++17", f"-I{KERNELS_DIR}", f"-gencode=arch=compute_{arch},code=compute_{arch}",
                *build.define_flags(overrides), str(KERNELS_DIR / f"{name}.cu"), str(main), "-o", str(exe)]
         compiled = subprocess.run(cmd, capture_output=True, text=True)
         assert compiled.returncode == 0, f"{' '.join(cmd)}\n{compiled.stderr}"
