@@ -1,8 +1,16 @@
-"""Speed: GPU time per call from CUDA-graph replay, call latency from back-to-back Python calls,
-SDPA's backends timed in the same run, and the GPU's own matmul rate for "% of peak"."""
+"""Speed: ours and every baseline timed in interleaved rounds, in one process, on the same inputs.
+
+Each method is captured once as a CUDA graph of back-to-back calls (launch overhead excluded: GPU
+time). Then every round replays each method's graph in turn (A B C …, the starting method rotated
+from round to round), so that whatever drifts during a run (clocks, temperature, a neighbour on
+the GPU) touches every method alike. A round also times back-to-back Python calls (call latency:
+what a user's loop sees). Per method the record keeps the median and the spread over rounds; a
+ratio between two methods is the median of their per-round ratios (paired), never a ratio of
+medians taken at different times."""
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 from contextlib import nullcontext
 
@@ -19,8 +27,12 @@ SDPA_BACKENDS = {
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
 }
-GRAPH_TARGET_MS = 20.0   # each graph replay lasts about this long
-REPEATS = 15
+TRITON = "triton"                        # the project's own Triton kernel (triton_peer.py)
+BASELINES = (*SDPA_BACKENDS, TRITON)     # every method a phase is timed beside
+ROUNDS = 7                               # odd, so the median of a ratio is the inverse of the inverse's
+GRAPH_TARGET_MS = 5.0                    # one graph replay lasts about this long
+REPLAYS_PER_ROUND = 3                    # a round's sample is the median of this many replays
+CLOCK_PROBE_MS = 300.0                   # GPU work queued while nvidia-smi reads the SM clock
 
 
 def event_time_us(call, iterations: int) -> float:
@@ -33,24 +45,34 @@ def event_time_us(call, iterations: int) -> float:
     return start.elapsed_time(end) * 1e3 / iterations
 
 
-def gpu_time_us(call) -> dict:
-    """Min and median GPU time of one call, from replays of a CUDA graph of back-to-back calls, so
-    that launch overhead is excluded. `call` must launch on the current stream and not allocate."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    estimate = event_time_us(call, 3)
-    calls = max(1, min(200, round(GRAPH_TARGET_MS * 1e3 / max(estimate, 1e-3))))
-    repeats = REPEATS if estimate * calls < 50e3 else 3
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            call()
-    graph.replay()
-    times = [event_time_us(graph.replay, 1) / calls for _ in range(repeats)]
+class _Graph:
+    """`call` captured `calls` times back to back; `call` must launch on the current stream."""
+
+    def __init__(self, call):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up (and any autotuning) outside the capture
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        estimate = event_time_us(call, 3)
+        self.calls = max(1, min(200, round(GRAPH_TARGET_MS * 1e3 / max(estimate, 1e-3))))
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for _ in range(self.calls):
+                call()
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+    def gpu_us(self) -> float:
+        """GPU time of one call: the median of a few replays."""
+        return statistics.median(event_time_us(self.graph.replay, 1) / self.calls for _ in range(REPLAYS_PER_ROUND))
+
+
+def gpu_time_us(call, repeats: int = 15) -> dict:
+    """One method alone (chapter 0's timing-method experiment): median and minimum over replays."""
+    graph = _Graph(call)
+    times = [event_time_us(graph.graph.replay, 1) / graph.calls for _ in range(repeats)]
     return {"gpu_us": statistics.median(times), "gpu_us_min": min(times)}
 
 
@@ -65,56 +87,126 @@ def call_latency_us(call, calls: int = 50) -> float:
     return (time.perf_counter() - start) * 1e6 / calls
 
 
-def time_call(call, latency_calls: int) -> dict:
-    timing = gpu_time_us(call)
-    timing["call_us"] = call_latency_us(call, latency_calls)
-    return timing
-
-
-def bench_case(fn, case: Case, dtype=torch.float16) -> dict:
-    """Time a FlashCore function and every SDPA backend on the same inputs, in the same run."""
-    ours = time_ours(fn, case, dtype)
-    q, k, v = make_inputs(case, dtype, seed=1)
-    ours["baselines"] = {name: _time_sdpa(backend, q, k, v, case) for name, backend in SDPA_BACKENDS.items()}
-    return ours
-
-
-def time_ours(fn, case: Case, dtype=torch.float16) -> dict:
-    q, k, v = make_inputs(case, dtype, seed=1)
-    out = torch.empty_like(q)
-    ours = time_call(lambda: fn(q, k, v, causal=case.causal, out=out), _latency_calls(case))
-    ours["tflops"] = case.flops() / (ours["gpu_us"] * 1e-6) / 1e12
-    return ours
-
-
-def time_sdpa_default(case: Case, dtype=torch.float16) -> dict:
-    """SDPA with PyTorch's own backend choice, on the inputs time_ours uses."""
-    return _time_sdpa(None, *make_inputs(case, dtype, seed=1), case)
-
-
-def _latency_calls(case: Case) -> int:
-    return 50 if case.flops() < 1e10 else 5
-
-
-def _time_sdpa(backend, q, k, v, case: Case) -> dict | None:
-    """None where this backend does not support the inputs (or this GPU)."""
-    context = sdpa_kernel(backend) if backend is not None else nullcontext()
-    call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)  # noqa: E731
+def sm_clock_mhz(busy: _Graph) -> float | None:
+    """The SM clock nvidia-smi reads while `busy` keeps the GPU working (None without nvidia-smi)."""
+    for _ in range(max(1, round(CLOCK_PROBE_MS * 1e3 / (busy.gpu_us() * busy.calls)))):
+        busy.graph.replay()
     try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits",
+                              f"--id={torch.cuda.current_device()}"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        return float(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    finally:
+        torch.cuda.synchronize()
+
+
+def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
+    """Time every call in interleaved rounds: name -> {gpu_us (median), gpu_us_min, gpu_us_max,
+    gpu_us_rounds, call_us (median), call_us_rounds}, plus "sm_clock_mhz": [before, after]."""
+    graphs = {name: _Graph(call) for name, call in calls.items()}
+    names = list(graphs)
+    samples = {name: {"gpu": [], "call": []} for name in names}
+    first = graphs[names[0]]
+    clock_before = sm_clock_mhz(first)
+    for r in range(rounds + 1):          # round 0 warms every method up and is not kept
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            gpu = graphs[name].gpu_us()
+            call = call_latency_us(calls[name], latency_calls)
+            if r:
+                samples[name]["gpu"].append(gpu)
+                samples[name]["call"].append(call)
+    timings = {name: {"gpu_us": statistics.median(s["gpu"]), "gpu_us_min": min(s["gpu"]), "gpu_us_max": max(s["gpu"]),
+                      "gpu_us_rounds": s["gpu"], "call_us": statistics.median(s["call"]), "call_us_rounds": s["call"]}
+               for name, s in samples.items()}
+    timings["sm_clock_mhz"] = [clock_before, sm_clock_mhz(first)]
+    return timings
+
+
+def paired_ratio(a: dict, b: dict, key: str = "gpu_us") -> float:
+    """Median over rounds of a's time / b's time in the same round (below 1: a is faster)."""
+    return statistics.median(x / y for x, y in zip(a[f"{key}_rounds"], b[f"{key}_rounds"]))
+
+
+def sdpa_call(backend, q, k, v, causal: bool):
+    """SDPA with one backend (None: PyTorch's own choice), or None where it cannot run these inputs."""
+    context = sdpa_kernel(backend) if backend is not None else nullcontext()
+
+    def call():
         with context:
-            call()
-            timing = time_call(call, _latency_calls(case))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    try:
+        call()
+        torch.cuda.synchronize()
     except RuntimeError:
         torch.cuda.synchronize()
         return None
-    timing["tflops"] = case.flops() / (timing["gpu_us"] * 1e-6) / 1e12
-    return timing
+    return call
+
+
+def triton_call(q, k, v, causal: bool):
+    """The Triton peer, or None where triton does not import."""
+    try:
+        from . import triton_peer
+    except ImportError:
+        return None
+    out = torch.empty_like(q)
+    return lambda: triton_peer.attention(q, k, v, causal=causal, out=out)
+
+
+def baseline_calls(names, q, k, v, causal: bool) -> dict:
+    """name -> call for each baseline that runs here (absent ones are left out)."""
+    calls = {name: (triton_call(q, k, v, causal) if name == TRITON else sdpa_call(SDPA_BACKENDS[name], q, k, v, causal))
+             for name in names}
+    return {name: call for name, call in calls.items() if call is not None}
+
+
+def latency_calls(case: Case) -> int:
+    return 50 if case.flops() < 1e10 else 5
+
+
+def compare(fns: dict, case: Case, baselines=BASELINES, dtype=torch.float16, rounds: int = ROUNDS) -> dict:
+    """FlashCore functions (label -> fn) and baselines timed in the same interleaved rounds on the same
+    inputs: label/baseline -> timing (interleaved()) with its TFLOP/s, and "sm_clock_mhz"."""
+    q, k, v = make_inputs(case, dtype, seed=1)
+    calls = {}
+    for label, fn in fns.items():
+        out = torch.empty_like(q)
+        calls[label] = (lambda fn, out: lambda: fn(q, k, v, causal=case.causal, out=out))(fn, out)
+    calls.update(baseline_calls(baselines, q, k, v, case.causal))
+    timings = interleaved(calls, latency_calls(case), rounds)
+    for name in calls:
+        timings[name]["tflops"] = case.flops() / (timings[name]["gpu_us"] * 1e-6) / 1e12
+    return timings
+
+
+def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dict:
+    """One phase and every baseline: the phase's timing, with "baselines": name -> timing plus
+    "time_ratio" (the phase's GPU time / the baseline's, paired over rounds) and "call_ratio" (the
+    same for call latency); None for a baseline that cannot run here."""
+    timings = compare({"ours": fn}, case, BASELINES, dtype, rounds)
+    ours = timings.pop("ours")
+    ours["sm_clock_mhz"] = timings.pop("sm_clock_mhz")
+    ours["rounds"] = rounds
+    ours["baselines"] = {name: None for name in BASELINES}
+    for name, timing in timings.items():
+        ours["baselines"][name] = {**timing, "time_ratio": paired_ratio(ours, timing),
+                                   "call_ratio": paired_ratio(ours, timing, "call_us")}
+    return ours
 
 
 def baseline_us(baselines: dict | None, name: str) -> float | None:
-    """GPU time of one SDPA backend from a run's `baselines` (None where it did not run)."""
+    """GPU time of one baseline from a run's `baselines` (None where it did not run)."""
     timing = (baselines or {}).get(name)
     return timing["gpu_us"] if timing else None
+
+
+def time_ratio(baselines: dict | None, name: str) -> float | None:
+    """The phase's GPU time over one baseline's, paired over rounds (None where it did not run)."""
+    timing = (baselines or {}).get(name)
+    return timing["time_ratio"] if timing else None
 
 
 def matmul_tflops(n: int = 8192, dtype=torch.float16) -> float:

@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -8,7 +8,8 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 (the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
 (--phase p07_registers, p08_wgmma, or all);
 profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
-matmul rate and copy bandwidth, the roofline's ceilings. The last seven write
+matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
+records (the methodology page's experiment). The last eight write
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
@@ -19,7 +20,7 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, env, experiments, peaks, plots, profile, results, sanitize, shapes
+from . import binding, build, drift, env, experiments, peaks, plots, profile, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -29,7 +30,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "figures"])
+                                            "drift", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record, "profile": profile.record,
-                 "peaks": peaks.record}
+                 "peaks": peaks.record, "drift": drift.record}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0
@@ -117,8 +118,8 @@ def _record(fn, correctness, timing):
 
 
 def _flat(row: dict) -> dict:
-    """Baselines as one column each (GPU time), for printing."""
-    flat = {k: v for k, v in row.items() if k not in ("baselines", "shape")}
+    """Baselines as one column each (GPU time), for printing; per-round lists left out."""
+    flat = {k: v for k, v in row.items() if k not in ("baselines", "shape") and not k.endswith("_rounds")}
     for name, timing in (row.get("baselines") or {}).items():
         flat[name] = timing["gpu_us"] if timing else None
     return flat

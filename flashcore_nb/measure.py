@@ -28,8 +28,14 @@ def dtypes_for(phase) -> list:
     return [torch.float16] + ([torch.bfloat16] if phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
 
 
+# What bench_case adds to a timed run (None in the runs that are only checked).
+TIMING_KEYS = ("gpu_us", "gpu_us_min", "gpu_us_max", "gpu_us_rounds", "call_us", "call_us_rounds", "tflops",
+               "rounds", "sm_clock_mhz", "baselines")
+
+
 def collect_runs(fn, correctness, timing) -> list[dict]:
-    """Check every case (each supported dtype) and time the timing cases in fp16, SDPA alongside."""
+    """Check every case (each supported dtype) and time the timing cases in fp16, every baseline
+    beside it in interleaved rounds."""
     import torch
 
     from .bench import bench_case
@@ -40,9 +46,9 @@ def collect_runs(fn, correctness, timing) -> list[dict]:
     for case in cases:
         for dtype in dtypes_for(fn.phase):
             run = check(fn, case, dtype).as_dict()
-            speed = bench_case(fn, case, dtype) if case.name in timed and dtype == torch.float16 else {}
-            for key in ("gpu_us", "gpu_us_min", "call_us", "tflops", "baselines"):
-                run[key] = speed.get(key)
+            run.update(dict.fromkeys(TIMING_KEYS))
+            if case.name in timed and dtype == torch.float16:
+                run.update(bench_case(fn, case, dtype))
             runs.append(run)
     return runs
 

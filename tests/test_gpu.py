@@ -185,3 +185,24 @@ def test_peaks_measures_matmul_and_copy_bandwidth(cuda):
     matmul = peaks.matmul("bfloat16", repeats=2)
     assert copy["measure"] == "copy" and copy["gb_s"] > 100 and len(copy["gb_s_all"]) == 3
     assert matmul["dtype"] == "bfloat16" and matmul["tflops"] > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_triton_peer_is_correct(cuda, dtype):
+    """The Triton baseline computes what the phases compute, on the whole shape suite."""
+    from flashcore_nb import triton_peer
+    for case in CORRECTNESS:
+        for seed in (0, 1):
+            result = check(triton_peer.attention, case, dtype, seed=seed)
+            assert result.unwritten == 0 and result.passed, result
+
+
+def test_bench_times_every_baseline_in_interleaved_rounds(cuda):
+    from flashcore_nb import bench
+    run = bench.bench_case(flashcore_nb.load("p01_baseline"), Case("small", 1, 2, 128, 64), rounds=3)
+    assert run["rounds"] == 3 and len(run["gpu_us_rounds"]) == 3 and run["gpu_us_min"] <= run["gpu_us"] <= run["gpu_us_max"]
+    for name in ("sdpa_default", "sdpa_flash", "triton"):
+        timing = run["baselines"][name]
+        assert len(timing["gpu_us_rounds"]) == 3 and timing["call_us"] > 0
+        ratios = sorted(a / b for a, b in zip(run["gpu_us_rounds"], timing["gpu_us_rounds"]))
+        assert timing["time_ratio"] == pytest.approx(ratios[1])
