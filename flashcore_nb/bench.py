@@ -131,10 +131,8 @@ def paired_ratio(a: dict, b: dict, key: str = "gpu_us") -> float:
 
 def sdpa_call(backend, q, k, v, causal: bool):
     """SDPA with one backend (None: PyTorch's own choice), or None where it cannot run these inputs."""
-    context = sdpa_kernel(backend) if backend is not None else nullcontext()
-
     def call():
-        with context:
+        with sdpa_kernel(backend) if backend is not None else nullcontext():   # a context is single-use
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     try:
