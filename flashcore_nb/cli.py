@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, action="append",
                         help="stats: compute capability to compile for (repeatable; default: the phase's archs)")
     parser.add_argument("--out", default=str(README_FIGURE), help="figures: where to write the PNG")
+    parser.add_argument("--repeat", action="store_true",
+                        help="record: write to results/repeat/ (a second run, to show that two runs agree)")
     args = parser.parse_args(argv)
     names = list(PHASES) if args.phase == "all" else [get(args.phase).name]
 
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
         elif args.command == "bench":
             rows = [_bench_row(fn, case) for case in timing]
         else:
-            rows = _record(fn, correctness, timing)
+            rows = _record(fn, correctness, timing, results.REPEAT_DIR if args.repeat else results.RESULTS_DIR)
         failed |= any(not row.get("passed", True) for row in rows)
         print(pd.DataFrame([_flat(row) for row in rows]).to_string(index=False), flush=True)
     return 1 if failed else 0
@@ -108,12 +110,12 @@ def _bench_row(fn, case):
     return {"case": case.name, **bench_case(fn, case)}
 
 
-def _record(fn, correctness, timing):
+def _record(fn, correctness, timing, root):
     from .bench import matmul_tflops
     peak = matmul_tflops()
     runs = collect_runs(fn, correctness, timing)
     record = results.make_record(fn.phase.name, fn.tile_params, fn.build.ptxas, peak, runs)
-    print("wrote", results.write(record), f"(matmul peak {peak:.0f} TFLOP/s)", flush=True)
+    print("wrote", results.write(record, root), f"(matmul peak {peak:.0f} TFLOP/s)", flush=True)
     return runs
 
 

@@ -208,11 +208,15 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
     return {label: compile_message(outcomes[build]) for label, build in build_of.items() if outcomes[build]}
 
 
-def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, sdpa_us: dict) -> dict:
-    """Check and time one configuration already known to compile."""
+EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)
+
+
+def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, reference=None) -> dict:
+    """Check and time one configuration already known to compile, SDPA default beside it in the same
+    interleaved rounds (and, for an ablation, the phase's defaults: `reference`)."""
     import torch
 
-    from .bench import time_ours
+    from .bench import compare, paired_ratio
     from .binding import SharedMemoryError, load as load_phase
     from .check import check
     fn = load_phase(phase_name, **params)
@@ -225,43 +229,43 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, s
     if failed:
         return {**row, "status": "incorrect", "message": f"failed on {', '.join(failed)}"}
     for case in timing_cases:
-        ours = time_ours(fn, case)["gpu_us"]
-        row[f"{case.name}_us"] = ours
-        row[f"{case.name}_vs_sdpa"] = ours / sdpa_us[case.name]
+        fns = {"config": fn, **({"defaults": reference} if reference else {})}
+        timings = compare(fns, case, ("sdpa_default",), rounds=EXPERIMENT_ROUNDS)
+        ours, sdpa = timings["config"], timings["sdpa_default"]
+        row[f"{case.name}_us"] = ours["gpu_us"]
+        row[f"{case.name}_spread_us"] = [ours["gpu_us_min"], ours["gpu_us_max"]]
+        row[f"{case.name}_sdpa_us"] = sdpa["gpu_us"]
+        row[f"{case.name}_vs_sdpa"] = paired_ratio(ours, sdpa)
+        if reference:
+            row[f"{case.name}_vs_defaults"] = paired_ratio(ours, timings["defaults"])
+        row[f"{case.name}_sm_clock_mhz"] = timings["sm_clock_mhz"]
     return row
 
 
-def _warm_up(phase_name: str, params: dict, timing_cases) -> None:
-    """Time one configuration once and discard it: in a fresh process the first variant timed reads
-    several percent slower than the same build timed later."""
-    from .bench import time_ours
+def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print, check_names=SWEEP_CHECK_CASES,
+              timing_names=SWEEP_TIMING_CASES, against_defaults: bool = False) -> tuple[list[dict], dict]:
+    """Every configuration checked and timed (see run_sweep_config); also returns SDPA default's median
+    GPU time per case over all of the configurations' rounds, for labels."""
+    import statistics
+
     from .binding import load as load_phase
-    fn = load_phase(phase_name, **params)
-    for case in timing_cases:
-        time_ours(fn, case)
-
-
-def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print,
-              check_names=SWEEP_CHECK_CASES, timing_names=SWEEP_TIMING_CASES) -> tuple[list[dict], dict]:
-    from .bench import time_sdpa_default
     configs = configs or grid_configs(phase_name)
     check_cases = shapes.select(",".join(check_names))
     timing_cases = shapes.select(",".join(timing_names))
     failures = prebuild_all(phase_name, configs, env.gpu().cc)
-    sdpa_us = {case.name: time_sdpa_default(case)["gpu_us"] for case in timing_cases}
-    compiled = [params for params in configs if config_label(params) not in failures]
-    if compiled:
-        _warm_up(phase_name, compiled[0], timing_cases)
+    reference = load_phase(phase_name) if against_defaults else None
     rows = []
     for params in configs:
         label = config_label(params)
         if label in failures:
             row = {**params, "status": "does not compile", "message": failures[label]}
         else:
-            row = run_sweep_config(phase_name, params, check_cases, timing_cases, sdpa_us)
+            row = run_sweep_config(phase_name, params, check_cases, timing_cases, reference)
         progress(f"{label}: {row['status']}" + (f", mission {row['mission_us']:.1f} µs" if "mission_us" in row else ""))
         rows.append(row)
-    return rows, {f"sdpa_{name}_us": us for name, us in sdpa_us.items()}
+    sdpa = {f"sdpa_{case.name}_us": statistics.median(row[f"{case.name}_sdpa_us"] for row in rows if row["status"] == "ok")
+            for case in timing_cases if any(row["status"] == "ok" for row in rows)}
+    return rows, sdpa
 
 
 def record_sweep(phase_name: str) -> Path:
@@ -275,7 +279,7 @@ def record_sweep(phase_name: str) -> Path:
 def record_ablations(phase_name: str) -> Path:
     variants = ABLATIONS[phase_name]
     rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=ABLATION_CHECK_CASES,
-                           timing_names=ABLATION_TIMING_CASES)
+                           timing_names=ABLATION_TIMING_CASES, against_defaults=True)
     for variant, row in zip(variants, rows):
         row["variant"] = variant
     record = make_record(f"{phase_name}_ablations", phase_name, variants, rows)

@@ -18,15 +18,19 @@ from . import build, env, shapes
 from .paths import RESULTS_DIR, ROOT
 from .phases import PHASES, get
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: interleaved rounds, per-round samples, paired ratios, the Triton peer
 DEFAULT_GPU = "nvidia-h100-80gb-hbm3"    # what the static book shows
 TIMING_METHODS_FILE = "timing_methods.json"   # chapter 0's experiment, beside the phase records
+REPEAT_DIR = RESULTS_DIR / "repeat"   # a second `record` run of every phase (`record --repeat`)
 REQUIRED_KEYS = {"schema", "phase", "kernel_sha256", "tile_params", "commit", "recorded_at", "env",
                  "ptxas", "matmul_tflops", "runs"}
 REQUIRED_ENV = {"gpu", "cc", "driver", "torch", "cuda", "nvcc"}
 REQUIRED_PTXAS = {"registers", "smem_bytes", "spill_stores", "spill_loads"}
 REQUIRED_RUN = {"case", "shape", "causal", "dtype", "max_abs_err", "sdpa_max_abs_err", "unwritten",
                 "passed", "gpu_us", "call_us", "tflops", "baselines"}
+# A timed run also has (bench.bench_case):
+REQUIRED_TIMED = {"gpu_us_min", "gpu_us_max", "gpu_us_rounds", "call_us_rounds", "rounds", "sm_clock_mhz"}
+REQUIRED_BASELINE = {"gpu_us", "gpu_us_rounds", "call_us", "time_ratio", "call_ratio"}
 
 
 def path_for(phase_name: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
@@ -93,6 +97,12 @@ def validate(record: dict) -> None:
         raise ValueError("record has no runs")
     for run in record["runs"]:
         need(REQUIRED_RUN, run, f"run {run.get('case')}")
+        if run["gpu_us"] is None:
+            continue
+        need(REQUIRED_TIMED, run, f"timed run {run['case']}")
+        for name, timing in run["baselines"].items():
+            if timing is not None:
+                need(REQUIRED_BASELINE, timing, f"run {run['case']}'s {name}")
     if record["schema"] != SCHEMA_VERSION:
         raise ValueError(f"schema {record['schema']} != {SCHEMA_VERSION}")
 
@@ -160,20 +170,24 @@ def recorded_phases(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR,
 
 
 def timing_frame(records: dict[str, dict]) -> pd.DataFrame:
-    """One row per (phase, timed case): the phase's GPU time and TFLOP/s, each SDPA backend's from the
-    same run (NaN where a backend did not run), and that run's measured matmul rate."""
-    from .bench import SDPA_BACKENDS
+    """One row per (phase, timed case): the phase's GPU time (median over rounds), its spread, TFLOP/s
+    and call latency; each baseline's GPU time, TFLOP/s, call latency and the phase's paired time
+    ratio to it (`<baseline>_ratio`), from the same run (NaN where a baseline did not run); and that
+    run's measured matmul rate."""
+    from .bench import BASELINES
     rows = []
     for name, record in records.items():
         for run in record["runs"]:
             if run["gpu_us"] is None:
                 continue
-            row = {"phase": name, "case": run["case"], "gpu_us": run["gpu_us"], "tflops": run["tflops"],
+            row = {"phase": name, "case": run["case"], "gpu_us": run["gpu_us"], "gpu_us_min": run["gpu_us_min"],
+                   "gpu_us_max": run["gpu_us_max"], "tflops": run["tflops"], "call_us": run["call_us"],
                    "matmul_tflops": record["matmul_tflops"]}
-            for backend in SDPA_BACKENDS:
-                timing = (run["baselines"] or {}).get(backend) or {}
-                row[f"{backend}_us"] = timing.get("gpu_us")
-                row[f"{backend}_tflops"] = timing.get("tflops")
+            for baseline in BASELINES:
+                timing = (run["baselines"] or {}).get(baseline) or {}
+                for key in ("gpu_us", "tflops", "call_us"):
+                    row[f"{baseline}_{key.removeprefix('gpu_')}"] = timing.get(key)
+                row[f"{baseline}_ratio"] = timing.get("time_ratio")
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -186,9 +200,10 @@ def headline(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> str:
     mission = frame[frame["case"] == shapes.MISSION.name]
     best = mission.loc[mission["gpu_us"].idxmin()]
     return (f"Fastest at the mission shape ({shapes.MISSION.label()} fp16) on the {records[best['phase']]['env']['gpu']}: "
-            f"{best['phase']}, {best['gpu_us']:.1f} µs per call, "
-            f"{best['gpu_us'] / best['sdpa_default_us']:.2f}× the time of SDPA's default backend "
-            f"({best['sdpa_default_us']:.1f} µs in the same run).")
+            f"{best['phase']}, {best['gpu_us']:.1f} µs of GPU time per call, "
+            f"{best['sdpa_default_ratio']:.2f}× the GPU time of SDPA's default backend "
+            f"({best['sdpa_default_us']:.1f} µs; paired over interleaved rounds in one run). Per Python call "
+            f"(call latency) it takes {best['call_us']:.0f} µs against SDPA's {best['sdpa_default_call_us']:.0f} µs.")
 
 
 def digest(records: dict[str, dict]) -> str:
@@ -196,3 +211,27 @@ def digest(records: dict[str, dict]) -> str:
     a test can tell when the figure is older than the records."""
     text = json.dumps(records, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def agreement(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR, repeat_root: Path = REPEAT_DIR) -> pd.DataFrame:
+    """Two `record` runs of each phase side by side: per timed case and baseline, the paired time
+    ratio from each run and how far apart they are (%). The claim of the timing method is that this
+    stays within a few percent while the absolute times move with the clock."""
+    from .bench import BASELINES
+    rows = []
+    for name in PHASES:
+        first, second = load(name, gpu_slug, root), load(name, gpu_slug, repeat_root)
+        if first is None or second is None:
+            continue
+        again = {run["case"]: run for run in second["runs"] if run["gpu_us"] is not None}
+        for run in first["runs"]:
+            if run["gpu_us"] is None or run["case"] not in again:
+                continue
+            for baseline in BASELINES:
+                a, b = (r["baselines"].get(baseline) for r in (run, again[run["case"]]))
+                if a and b:
+                    rows.append({"phase": name, "case": run["case"], "baseline": baseline,
+                                 "GPU µs (run 1)": run["gpu_us"], "GPU µs (run 2)": again[run["case"]]["gpu_us"],
+                                 "ratio (run 1)": a["time_ratio"], "ratio (run 2)": b["time_ratio"],
+                                 "ratio differs %": 100.0 * abs(b["time_ratio"] / a["time_ratio"] - 1)})
+    return pd.DataFrame(rows)

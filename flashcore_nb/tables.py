@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import budget, build, results, roofline
-from .bench import SDPA_BACKENDS, baseline_us
+from .bench import BASELINES, TRITON, baseline_us, time_ratio
 from .phases import get
 from .shapes import Case
 
@@ -17,42 +17,56 @@ def correctness(runs: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+BASELINE_LABELS = {"sdpa_default": "SDPA default", "sdpa_flash": "SDPA flash (FA2)", "sdpa_efficient": "SDPA efficient",
+                   "sdpa_cudnn": "SDPA cuDNN", "triton": "Triton peer"}
+
+
 def speed(runs: pd.DataFrame, matmul_tflops: float | None = None) -> pd.DataFrame:
-    """GPU time (µs, graph replay, median) of the phase and each SDPA backend from the same run."""
+    """GPU time (µs, median over interleaved rounds) of the phase and of every baseline from the same
+    run, the phase's spread over the rounds, its paired time ratio to SDPA default and to the Triton
+    peer, its throughput, and the call latency of the phase and of SDPA default side by side."""
     timed = runs[runs["gpu_us"].notna()]
     rows = []
     for _, run in timed.iterrows():
-        row = {"case": run["case"], "ours µs": run["gpu_us"]}
-        for name in SDPA_BACKENDS:
+        row = {"case": run["case"], "GPU µs": run["gpu_us"],
+               "spread %": 100.0 * (run["gpu_us_max"] - run["gpu_us_min"]) / run["gpu_us"]}
+        for name in BASELINES:
             row[f"{name.removeprefix('sdpa_')} µs"] = baseline_us(run["baselines"], name)
-        row["ours / default"] = run["gpu_us"] / row["default µs"]
+        row["time / default"] = time_ratio(run["baselines"], "sdpa_default")
+        row["time / triton"] = time_ratio(run["baselines"], TRITON)
         row["TFLOP/s"] = run["tflops"]
         if matmul_tflops:
             row["% of matmul peak"] = 100.0 * run["tflops"] / matmul_tflops
         row["call µs"] = run["call_us"]
+        row["default call µs"] = (run["baselines"].get("sdpa_default") or {}).get("call_us")
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def versus_sdpa(runs: pd.DataFrame, label: str) -> pd.DataFrame:
-    """The phase against SDPA's FlashAttention-2 backend and its default (cuDNN on an H100), same run."""
+    """The phase against SDPA's FlashAttention-2 backend, its default (cuDNN on an H100) and the Triton
+    peer: GPU times from the same run, and paired ratios over its interleaved rounds."""
     timed = runs[runs["gpu_us"].notna()]
     table = pd.DataFrame({
         "case": timed["case"],
         f"{label} µs": timed["gpu_us"],
         "SDPA flash (FA2) µs": [baseline_us(b, "sdpa_flash") for b in timed["baselines"]],
         "SDPA default (cuDNN) µs": [baseline_us(b, "sdpa_default") for b in timed["baselines"]],
+        "Triton peer µs": [baseline_us(b, TRITON) for b in timed["baselines"]],
+        "speed-up over FA2": [1.0 / time_ratio(b, "sdpa_flash") for b in timed["baselines"]],
+        "time / SDPA default": [time_ratio(b, "sdpa_default") for b in timed["baselines"]],
+        "time / Triton": [time_ratio(b, TRITON) for b in timed["baselines"]],
     })
-    table["speed-up over FA2"] = table["SDPA flash (FA2) µs"] / table[f"{label} µs"]
-    table["time / SDPA default"] = table[f"{label} µs"] / table["SDPA default (cuDNN) µs"]
     return table.reset_index(drop=True)
 
 
 def ablation(rows: pd.DataFrame, cases: list[str]) -> pd.DataFrame:
-    """An ablation record's variants, each case's time and its ratio to the first row (the defaults)."""
+    """An ablation record's variants: ptxas registers and spill bytes, each case's GPU time and its time
+    ratio to the defaults, paired over the rounds in which both were timed (the defaults' own row
+    reads about 1: the noise)."""
     table = rows[["variant", "status", "registers", "spill_bytes"] + [f"{c}_us" for c in cases]].copy()
     for c in cases:
-        table[f"{c} vs defaults"] = table[f"{c}_us"] / table[f"{c}_us"].iloc[0]
+        table[f"{c} vs defaults"] = rows[f"{c}_vs_defaults"]
     return table
 
 
@@ -81,16 +95,24 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
 
 
 def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[str] | None = None) -> pd.DataFrame:
-    """GPU time per case across successive records of one phase (see results.history)."""
+    """GPU time per case across successive records of one phase (see results.history), each with its
+    paired ratio to SDPA default from its own run."""
     rows = []
     for i, record in enumerate(records):
         timed = {run["case"]: run for run in record["runs"] if run["gpu_us"] is not None}
         row = {"step": labels[i] if labels else record["commit"][:7], "commit": record["commit"][:7]}
         for case in cases:
             row[f"{case} µs"] = timed[case]["gpu_us"]
-            row[f"{case} / SDPA default"] = timed[case]["gpu_us"] / baseline_us(timed[case]["baselines"], "sdpa_default")
+            row[f"{case} / SDPA default"] = _ratio_to_default(timed[case])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _ratio_to_default(run: dict) -> float:
+    """The paired ratio where the record has one; records made before interleaved rounds (schema 1,
+    kept in history/) only have the ratio of the two medians."""
+    timing = run["baselines"]["sdpa_default"]
+    return timing.get("time_ratio") or run["gpu_us"] / timing["gpu_us"]
 
 
 def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
@@ -127,10 +149,11 @@ def phases_correctness(records: dict[str, dict]) -> pd.DataFrame:
 
 
 def phases_speed(frame: pd.DataFrame) -> pd.DataFrame:
-    """GPU time of every phase at every timed case, each SDPA backend from the same run beside it."""
-    table = frame[["case", "phase", "gpu_us", *(f"{b}_us" for b in SDPA_BACKENDS)]].copy()
-    table.columns = ["case", "phase", "phase µs", *(f"{b.removeprefix('sdpa_')} µs" for b in SDPA_BACKENDS)]
-    table["phase / default"] = table["phase µs"] / table["default µs"]
+    """GPU time of every phase at every timed case, each baseline from the same run beside it, and the
+    paired time ratio to SDPA default."""
+    table = frame[["case", "phase", "gpu_us", *(f"{b}_us" for b in BASELINES), "sdpa_default_ratio"]].copy()
+    table.columns = ["case", "phase", "phase µs", *(f"{b.removeprefix('sdpa_')} µs" for b in BASELINES),
+                     "phase / default"]
     case_order = {case: i for i, case in enumerate(dict.fromkeys(frame["case"]))}
     return table.sort_values("case", key=lambda c: c.map(case_order), kind="stable").set_index(["case", "phase"])
 
@@ -142,14 +165,16 @@ def _by_phase(frame: pd.DataFrame, values: pd.Series) -> pd.DataFrame:
 
 
 def phases_vs_sdpa(frame: pd.DataFrame) -> pd.DataFrame:
-    """phase x case: GPU time / SDPA default's in the same run (below 1 would beat it)."""
-    return _by_phase(frame, frame["gpu_us"] / frame["sdpa_default_us"])
+    """phase x case: GPU time / SDPA default's, paired over the rounds of one run (below 1 beats it)."""
+    return _by_phase(frame, frame["sdpa_default_ratio"])
 
 
 def phase_steps(frame: pd.DataFrame) -> pd.DataFrame:
-    """phase x case: how many times faster than the phase before (below 1: slower)."""
-    times = _by_phase(frame, frame["gpu_us"])
-    return times.shift(1) / times
+    """phase x case: how many times faster than the phase before (below 1: slower). Two phases are
+    recorded in different runs, so the step goes through SDPA default, timed in both: the ratio of
+    their paired ratios to it, which cancels what moved between the runs (clocks, above all)."""
+    ratios = _by_phase(frame, frame["sdpa_default_ratio"])
+    return ratios.shift(1) / ratios
 
 
 def phases_throughput(frame: pd.DataFrame) -> pd.DataFrame:

@@ -43,7 +43,7 @@ def recorded_summary(sweep: pd.DataFrame, sdpa: dict, params: dict) -> str:
     row = recorded_row(sweep, params)
     if row["status"] != "ok":
         return f"{row['status']}: {row['message']}"
-    return (f"recorded: {CASE.name} {row['mission_us']:.1f} µs = {row['mission_vs_sdpa']:.2f}x SDPA "
+    return (f"recorded: {CASE.name} {row['mission_us']:.1f} µs of GPU time = {row['mission_vs_sdpa']:.2f}x SDPA "
             f"({sdpa['sdpa_mission_us']:.1f} µs); b4h16_s2048 {row['b4h16_s2048_us']:.0f} µs = "
             f"{row['b4h16_s2048_vs_sdpa']:.2f}x SDPA; {row['registers']:.0f} registers")
 
@@ -51,7 +51,7 @@ def recorded_summary(sweep: pd.DataFrame, sdpa: dict, params: dict) -> str:
 def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
     """Compile (or load from cache) one configuration, check it and time it beside SDPA on this GPU.
     Returns the summary and its register count (None when it does not compile)."""
-    from .bench import time_ours, time_sdpa_default
+    from .bench import compare, paired_ratio
     from .binding import load
     from .build import CompileError
     from .check import check
@@ -60,8 +60,10 @@ def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
     except CompileError as error:
         return experiments.compile_message(str(error)), None
     result = check(fn, CASE)
-    ours, sdpa_now = time_ours(fn, CASE)["gpu_us"], time_sdpa_default(CASE)["gpu_us"]
-    return (f"measured live: {CASE.name} {ours:.1f} µs = {ours / sdpa_now:.2f}x SDPA ({sdpa_now:.1f} µs); "
+    timings = compare({"ours": fn}, CASE, ("sdpa_default",), rounds=5)
+    ours, sdpa = timings["ours"], timings["sdpa_default"]
+    return (f"measured live: {CASE.name} {ours['gpu_us']:.1f} µs of GPU time = {paired_ratio(ours, sdpa):.2f}x SDPA's "
+            f"({sdpa['gpu_us']:.1f} µs); "
             f"max error {result.max_abs_err:.1e} ({'correct' if result.passed else 'WRONG'}); "
             f"{fn.build.ptxas.registers} registers"), fn.build.ptxas.registers
 
