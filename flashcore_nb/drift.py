@@ -111,5 +111,25 @@ def record() -> Path:
     return experiments.write(experiments.make_record("fa2_drift", None, {}, run_all()))
 
 
+def table(gpu_slug: str | None = None):
+    """The recorded experiment, a row per condition and case (placement: per offset): FA2's and cuDNN's
+    GPU time, FA2 / cuDNN (paired over rounds, except one-at-a-time, which has no rounds) and the SM
+    clock before and after; and the provenance line."""
+    import pandas as pd
+
+    from . import experiments, results
+    record = experiments.load("fa2_drift", gpu_slug or results.DEFAULT_GPU)
+    rows = []
+    for row in record["rows"]:
+        clock = row.get("sm_clock_mhz") or [None, None]
+        condition = row["condition"] + (f" +{row['offset_kb']} KB" if "offset_kb" in row else "")
+        paired = row.get("flash_over_default")
+        rows.append({"condition": condition, "case": row["case"], "FA2 µs": row["sdpa_flash_us"],
+                     "cuDNN µs": row["sdpa_default_us"],
+                     "FA2 / cuDNN": paired if paired else row["sdpa_flash_us"] / row["sdpa_default_us"],
+                     "paired": paired is not None, "SM MHz before": clock[0], "SM MHz after": clock[1]})
+    return pd.DataFrame(rows), experiments.provenance(record)
+
+
 if __name__ == "__main__":
     print(json.dumps(run_condition(sys.argv[1])))
