@@ -31,7 +31,7 @@ def test_gpu_commands_refuse_clearly_without_a_gpu():
 def test_help_lists_every_verb():
     proc = run("--help")
     assert proc.returncode == 0
-    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "profile", "peaks", "figures"):
+    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "profile", "peaks", "drift", "figures"):
         assert verb in proc.stdout, verb
 
 

@@ -12,7 +12,7 @@ RECORDS = experiments.all_records()
 def test_the_book_gpu_has_every_experiment():
     names = {record["experiment"] for _, record in RECORDS}
     assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations",
-            "p07_registers_profile", "p08_wgmma_ablations", "peaks"} <= names
+            "p07_registers_profile", "p08_wgmma_ablations", "peaks", "fa2_drift"} <= names
 
 
 @pytest.mark.parametrize("path,record", RECORDS, ids=[p.name for p, _ in RECORDS])
@@ -109,3 +109,16 @@ def test_ablation_record_covers_every_variant(phase_name):
     assert all(row["status"] == "ok" for row in record["rows"])
     table = tables.ablation(pd.DataFrame(record["rows"]), ["mission", "b4h16_s2048"])
     assert (table[["mission vs defaults", "b4h16_s2048 vs defaults"]].iloc[0] == 1.0).all()
+
+
+def test_fa2_drift_record_supports_the_methodology_page():
+    """Paired FA2/cuDNN ratios stay within a few percent across every condition, while times and the
+    SM clock move (the page's reading); one-at-a-time, the only unpaired condition, is there too."""
+    from flashcore_nb import drift
+    table, line = drift.table()
+    assert "NVIDIA H100" in line and "STALE" not in line
+    assert {c.split(" +")[0] for c in table["condition"]} == set(drift.conditions())
+    paired = table[table["paired"]]
+    for case, ratios in paired.groupby("case")["FA2 / cuDNN"]:
+        assert ratios.max() / ratios.min() < 1.1, case
+    assert (paired["SM MHz after"] < paired["SM MHz before"]).mean() > 0.5

@@ -46,3 +46,40 @@ def test_provenance_names_the_environment():
     line = results.provenance(results.load("p01_baseline"))
     for part in ("NVIDIA H100", "driver", "torch", "CUDA", "commit"):
         assert part in line
+
+
+def test_paired_ratios_are_medians_of_the_recorded_rounds():
+    """Every baseline's ratio in a record is what its rounds say (nothing computed elsewhere)."""
+    import statistics
+    for _, record in RECORDS:
+        for run in record["runs"]:
+            if run["gpu_us"] is None:
+                continue
+            assert len(run["gpu_us_rounds"]) == run["rounds"] >= 5
+            assert run["gpu_us_min"] <= run["gpu_us"] <= run["gpu_us_max"]
+            for name, timing in run["baselines"].items():
+                if timing:
+                    ratios = [a / b for a, b in zip(run["gpu_us_rounds"], timing["gpu_us_rounds"])]
+                    assert timing["time_ratio"] == pytest.approx(statistics.median(ratios)), (record["phase"], name)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    from flashcore_nb.bench import paired_ratio
+    a = {"gpu_us_rounds": [10.0, 12.0, 11.0]}
+    b = {"gpu_us_rounds": [5.0, 4.0, 11.0]}     # per round: 2, 3, 1
+    assert paired_ratio(a, b) == 2.0
+    assert paired_ratio(b, a) == 0.5
+
+
+def test_two_record_runs_agree_within_five_percent():
+    """The timing method's claim (chapter 0): a second `record --repeat` run reproduces every paired ratio."""
+    table = results.agreement()
+    assert set(table["phase"]) == set(phases.PHASES), "record every phase twice (record --repeat)"
+    worst = table.loc[table["ratio differs %"].idxmax()]
+    assert worst["ratio differs %"] <= 5.0, worst.to_dict()
+
+
+def test_repeat_records_are_current():
+    for path, record in results.all_records(results.REPEAT_DIR):
+        results.validate(record)
+        assert not results.is_stale(record), f"{path}: re-record it with record --repeat"
