@@ -32,6 +32,7 @@ BASELINES = (*SDPA_BACKENDS, TRITON)     # every method a phase is timed beside
 ROUNDS = 7                               # odd, so the median of a ratio is the inverse of the inverse's
 GRAPH_TARGET_MS = 5.0                    # one graph replay lasts about this long
 REPLAYS_PER_ROUND = 3                    # a round's sample is the median of this many replays
+LATENCY_TARGET_MS = 20.0                 # back-to-back calls per round: about this long, 3 at least
 CLOCK_PROBE_MS = 300.0                   # GPU work queued while nvidia-smi reads the SM clock
 
 
@@ -55,8 +56,8 @@ class _Graph:
             for _ in range(3):
                 call()
         torch.cuda.current_stream().wait_stream(side)
-        estimate = event_time_us(call, 3)
-        self.calls = max(1, min(200, round(GRAPH_TARGET_MS * 1e3 / max(estimate, 1e-3))))
+        self.estimate_us = event_time_us(call, 3)
+        self.calls = max(1, min(200, round(GRAPH_TARGET_MS * 1e3 / max(self.estimate_us, 1e-3))))
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             for _ in range(self.calls):
@@ -107,13 +108,16 @@ def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
     gpu_us_rounds, call_us (median), call_us_rounds}, plus "sm_clock_mhz": [before, after]."""
     graphs = {name: _Graph(call) for name, call in calls.items()}
     names = list(graphs)
+    # A slow method's call latency is its GPU time: a few calls tell it.
+    per_method_calls = {name: max(3, min(latency_calls, round(LATENCY_TARGET_MS * 1e3 / (g.estimate_us + 1e-3))))
+                        for name, g in graphs.items()}
     samples = {name: {"gpu": [], "call": []} for name in names}
     first = graphs[names[0]]
     clock_before = sm_clock_mhz(first)
     for r in range(rounds + 1):          # round 0 warms every method up and is not kept
         for name in names[r % len(names):] + names[:r % len(names)]:
             gpu = graphs[name].gpu_us()
-            call = call_latency_us(calls[name], latency_calls)
+            call = call_latency_us(calls[name], per_method_calls[name])
             if r:
                 samples[name]["gpu"].append(gpu)
                 samples[name]["call"].append(call)
