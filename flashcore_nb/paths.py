@@ -1,13 +1,22 @@
-"""Where things live: the repository's folders and its one public URL."""
+"""Where things live: the repository's folders and its one public URL.
+
+In a clone, ROOT is the repository and everything below is there. An installed wheel has no
+repository: it carries the kernels inside the package (pyproject.toml maps kernels/ to
+flashcore_nb/kernels); the folders only the book uses are not shipped, so RESULTS_DIR,
+NOTEBOOKS_DIR and README_FIGURE mean something in a clone only.
+"""
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNELS_DIR = ROOT / "kernels"
+PACKAGE_DIR = Path(__file__).resolve().parent
+ROOT = PACKAGE_DIR.parent
+# The package's own copy first: in site-packages, ROOT/kernels would be whatever else is installed
+# under that name.
+KERNELS_DIR = PACKAGE_DIR / "kernels" if (PACKAGE_DIR / "kernels").is_dir() else ROOT / "kernels"
 RESULTS_DIR = ROOT / "results"
 NOTEBOOKS_DIR = ROOT / "notebooks"
 # Written by `python -m flashcore_nb figures`, shown by README.md.
 README_FIGURE = ROOT / "book" / "_static" / "ladder.png"
 
-# The one repository URL: _config.yml, pyproject.toml, README.md and every notebook's setup cell
-# use this string, and tests/test_repository_url.py checks that they agree.
+# The one repository URL: _config.yml, pyproject.toml, CITATION.cff, README.md and every notebook's
+# setup cell use this string, and tests/test_notebooks.py checks that they agree.
 REPO_URL = "https://github.com/flashcore-book/flashcore"

@@ -28,8 +28,8 @@ def test_executes_in_replay_mode(path, monkeypatch):
 
 
 def test_one_repository_url_everywhere():
-    places = [ROOT / "_config.yml", ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "book" / "how_to_run.md",
-              *NOTEBOOKS]
+    places = [ROOT / "_config.yml", ROOT / "pyproject.toml", ROOT / "CITATION.cff", ROOT / "README.md",
+              ROOT / "book" / "how_to_run.md", *NOTEBOOKS]
     for place in places:
         assert REPO_URL in place.read_text(), f"{place.name} does not use {REPO_URL}"
     urls = {url.removesuffix(".git") for place in places
