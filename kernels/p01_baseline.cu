@@ -20,6 +20,7 @@
 #include <cfloat>
 
 #include "common/dispatch.cuh"
+#include "common/launch.cuh"
 
 #ifndef NUM_THREADS
 #define NUM_THREADS 128
@@ -111,11 +112,9 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(p.seqlen_q, p.heads, p.batch);
   return dispatch_dtype_head_dim(p, [&](auto element, auto head_dim) {
     using T = decltype(element);
-    attention_row_kernel<T, decltype(head_dim)::value><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel<attention_row_kernel<T, decltype(head_dim)::value>>(grid, kThreads, 0, stream, p);
   });
 }

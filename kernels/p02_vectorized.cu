@@ -20,6 +20,8 @@
 #include <cfloat>
 
 #include "common/dispatch.cuh"
+#include "common/launch.cuh"
+#include "common/warp_reduce.cuh"
 
 #ifndef NUM_WARPS
 #define NUM_WARPS 8
@@ -41,16 +43,6 @@ struct SharedStorage {
   T v_tile[kTileN][kRowPitch<kHeadDim>];
   float q_rows[kWarps][kHeadDim];  // each warp's query row, pre-scaled, in fp32 (read as broadcasts)
 };
-
-__device__ __forceinline__ float warp_max(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-__device__ __forceinline__ float warp_sum(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
 
 // Copy rows [first, first + kTileN) of a (S, D) matrix into a padded tile with 16-byte loads;
 // rows past `seqlen` are zero-filled so that 0 * p never meets uninitialised memory.
@@ -110,10 +102,10 @@ __global__ void __launch_bounds__(kThreads) attention_rows_kernel(const FlashPar
         for (int i = 0; i < kVec; ++i) score += smem.q_rows[warp][d + i] * to_float(k8[i]);
       }
     }
-    const float new_max = fmaxf(row_max, warp_max(score));
+    const float new_max = fmaxf(row_max, allreduce_max<32>(score));
     const float prob = key < kv_end ? expf(score - new_max) : 0.f;
     const float correction = expf(row_max - new_max);
-    row_sum = row_sum * correction + warp_sum(prob);
+    row_sum = row_sum * correction + allreduce_sum<32>(prob);
     row_max = new_max;
 
 #pragma unroll
@@ -141,11 +133,9 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid((p.seqlen_q + kWarps - 1) / kWarps, p.heads, p.batch);
   return dispatch_dtype_head_dim(p, [&](auto element, auto head_dim) {
     using T = decltype(element);
-    attention_rows_kernel<T, decltype(head_dim)::value><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel<attention_rows_kernel<T, decltype(head_dim)::value>>(grid, kThreads, 0, stream, p);
   });
 }

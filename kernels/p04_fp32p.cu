@@ -27,8 +27,10 @@
 
 #include <mma.h>
 
+#include "common/launch.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/warp_reduce.cuh"
 
 using namespace nvcuda;
 
@@ -155,16 +157,6 @@ __device__ void teaching_zero_pad_with_wrong_stride(__half (*tile)[kPitch<kHeadD
 }
 #endif
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) attention_fp32p_kernel(const FlashParams params) {
   // Dynamic shared memory: at D = 128 the storage is 51.5 KB, past the 48 KB static limit.
@@ -251,16 +243,10 @@ __global__ void __launch_bounds__(kThreads) attention_fp32p_kernel(const FlashPa
   }
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in; the binding has already checked the
-// device's limit (flashcore_smem_bytes), so a failure here is reported, not hidden.
+// Past 48 KB of dynamic shared memory a kernel must opt in: launch_kernel does, once per device.
 template <int kHeadDim>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kHeadDim>);
-  cudaError_t err = cudaFuncSetAttribute(attention_fp32p_kernel<kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  attention_fp32p_kernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_fp32p_kernel<kHeadDim>>(grid, kThreads, sizeof(SharedStorage<kHeadDim>), stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
@@ -269,7 +255,6 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   if (p.dtype != kFloat16) return cudaErrorInvalidValue;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
   if (p.head_dim == 64) return launch<64>(grid, stream, p);

@@ -30,13 +30,14 @@
 // Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
 // head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
 // get no key-split path: phase 7 remains the faster kernel there.
-#include <atomic>
 #include <cmath>
 
 #include "common/async_copy.cuh"
+#include "common/launch.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/shared_memory.cuh"
 #include "common/warp_reduce.cuh"
 #include "common/wgmma.cuh"
 
@@ -105,9 +106,6 @@ __device__ __forceinline__ void copy_tile(unsigned char* tile, const T* base, co
     cp_async_16(tile + swizzled_offset(kRows, row, col), source, inside);
   }
 }
-
-// Makes this thread's completed cp.async writes visible to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kCtasPerSm)
@@ -337,27 +335,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   }
 }
 
-constexpr int kMaxDevices = 64;
-
-// `static`: each -D build of this file keeps its own per-device flag (see phase 7).
 template <typename T, int kHeadDim>
-static cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   using Cfg = Tiles<kHeadDim>;
-  const auto kernel = attention_wgmma_kernel<T, kHeadDim>;
-  // Once per device: allow the kernel its shared memory.
-  static std::atomic<bool> prepared[kMaxDevices];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !prepared[device].load(std::memory_order_relaxed)) {
-    if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes)) !=
-        cudaSuccess)
-      return err;
-    if (device < kMaxDevices) prepared[device].store(true, std::memory_order_relaxed);
-  }
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_wgmma_kernel<T, kHeadDim>>(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
