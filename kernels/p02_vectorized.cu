@@ -2,8 +2,8 @@
 //
 // What changed vs phase 1, and why. Phase 1 gave every query row its own CTA, so every row re-read
 // all of K and V, two bytes per load, with the 32 lanes of a warp reading 32 different K rows
-// (uncoalesced); and each chunk of keys cost four CTA-wide barriers for two shared-memory tree
-// reductions. Here:
+// (uncoalesced); and each chunk of 128 keys cost 19 CTA-wide barriers for two shared-memory tree
+// reductions (nine each, plus one). Here:
 //   - a CTA owns kWarps query rows, one warp per row, and the warps share each K/V tile: the K/V
 //     traffic per row drops by kWarps;
 //   - the CTA copies a tile of kTileN = 32 keys into shared memory with 16-byte loads (8 halves per
@@ -11,9 +11,11 @@
 //   - lane j of a warp scores key j of the tile, so the max and the sum are warp reductions with
 //     __shfl_xor_sync (5 steps, no shared memory, no barrier);
 //   - for P·V, lane l owns output columns l*kColsPerLane..; p_j is broadcast with __shfl_sync.
-// Two CTA barriers per 32 keys remain (the tile must be loaded before use and used before reload).
+// The kernel's only CTA barriers are the two __syncthreads in the key loop: two per tile of 32 keys,
+// shared by the CTA's kWarps rows (the tile must be loaded before use and used before reload; each
+// warp stages its own Q row behind a __syncwarp).
 //
-// Measured: see results/<gpu>/p02_vectorized.json and chapter 02.
+// Measured: results/nvidia-h100-80gb-hbm3/p02_vectorized.json and chapter 2.
 //
 // Knowingly does not support: head dims other than 64 and 128; inputs not aligned to 16 bytes
 // (the binding refuses them with a message).

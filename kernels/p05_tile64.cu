@@ -2,8 +2,9 @@
 // (default 8), and the score buffer reused for the probabilities.
 //
 // What changed vs phase 4, and why:
-//   - P is fp16 again. Chapter 4's experiment showed fp32 P changes the error by less than the
-//     fp16 output rounding, and it costs shared memory and a second P·V.
+//   - P is fp16 again. Chapter 4's experiment (experiments/p04_precision.json) showed fp32 P
+//     changes the error by less than the fp16 output rounding, and it costs shared memory and a
+//     second P·V.
 //   - Tile sizes and warp count are -D defines (the chapter's widget and `flashcore_nb sweep`
 //     rebuild with other values); the static_asserts below name every invalid combination.
 //     A 64x64 tile does 4x the work of a 32x32 one per K/V tile loaded, and each K/V tile is
@@ -19,6 +20,9 @@
 // Everything is in one dynamic shared-memory buffer sized by sizeof(SharedStorage): 64x64 at
 // D = 64 needs 61 KB, past the 48 KB static limit; 128x128 at D = 128 needs more than any GPU has,
 // and the binding says so before launch.
+//
+// Measured, in results/nvidia-h100-80gb-hbm3/: this file's defaults, p05_tile64.json; every tile
+// configuration, experiments/p05_tile64_sweep.json; chapter 5.
 //
 // Knowingly does not support: bf16 (WMMA bf16 needs sm_80; phase 7 adds it); head dims other
 // than 64 and 128; inputs not aligned to 16 bytes.

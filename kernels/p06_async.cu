@@ -13,7 +13,8 @@
 //     STAGES = 1 nothing overlaps (copy, wait, compute); with 2 the next tile's copy runs under this
 //     tile's math; with 3 two copies are in flight;
 //   - defaults (BLOCK_M = 32, BLOCK_N = 128, NUM_WARPS = 8, STAGES = 2) come from measuring every
-//     combination on the H100 (chapter 6): 32-row tiles give the mission shape one CTA per SM, and
+//     combination on the H100 (results/nvidia-h100-80gb-hbm3/experiments/p06_async_sweep.json,
+//     chapter 6): 32-row tiles give the mission shape one CTA per SM, and
 //     there the second stage pays; with many CTAs per SM a stage can cost a resident CTA instead.
 //     The defines and their static_asserts are phase 5's plus STAGES.
 // The stage a copy fills was last read by the previous tile, whose loop iteration ended with a
@@ -23,7 +24,9 @@
 // the V copy computes its destination with the original project's row pitch (D + 16 halves)
 // while the buffer is laid out with D + 8. Rows drift further each step, run into the next stage
 // and, from the last stage, past the end of the block's shared memory. It is only ever run as a
-// separate process under compute-sanitizer.
+// separate process under compute-sanitizer (its report: experiments/p06_sanitizer.json).
+//
+// Measured, in results/nvidia-h100-80gb-hbm3/: p06_async.json and chapter 6.
 //
 // Knowingly does not support: GPUs before sm_80 (no cp.async); bf16 (phase 7); head dims other
 // than 64 and 128; inputs not aligned to 16 bytes.

@@ -4,8 +4,9 @@
 //
 // What changed vs phase 6, and why. Phases 3-6 pass every tile through shared memory three times:
 // WMMA writes S out, the softmax reads it and writes P, P·V reads P and read-modify-writes O, with
-// four barriers per tile; at 4x16x2048 that ran at 8% of the matmul peak. Here each warp owns
-// WARP_ROWS query rows and keeps everything about them in registers:
+// four barriers per tile; at 4x16x2048 that left the tensor cores mostly idle (its share of the
+// matmul peak: results/nvidia-h100-80gb-hbm3/p06_async.json against experiments/peaks.json). Here
+// each warp owns WARP_ROWS query rows and keeps everything about them in registers:
 //   - Q: loaded once into A-operand fragments (ldmatrix), or re-read per tile for wide heads;
 //   - S = Q·Kᵀ: mma.sync accumulators whose layout PTX documents (common/mma.cuh), so the softmax
 //     knows which row and column every value is: rows g and g+8, two columns per 8-key tile, the
@@ -31,9 +32,13 @@
 //
 // Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
 // SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
-// measured dead end kept as one (chapter 7). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
+// measured dead end kept as one. Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
+//
+// Measured, in results/nvidia-h100-80gb-hbm3/: p07_registers.json; each switch off in turn,
+// experiments/p07_registers_ablations.json; the profile, experiments/p07_registers_profile.json;
+// chapter 7.
 //
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.

@@ -1,9 +1,10 @@
 // Phase 8 — Hopper's warpgroup MMA: wgmma.mma_async, reading K and V straight from shared memory.
 //
 // What changed vs phase 7, and why. Phase 7 is the FlashAttention-2 structure on mma.sync, and on an
-// H100 its profile (chapter 7) put it at a latency ceiling: 1.9 warps per scheduler, the tensor pipe
-// 42-56% busy, the largest stall a fixed-latency wait on the HMMA instructions, and at D = 128 every
-// mma waiting on its own ldmatrix. mma.sync is Ampere's instruction. Hopper's tensor cores are fed by
+// H100 its profile (results/nvidia-h100-80gb-hbm3/experiments/p07_registers_profile.json, chapter 7)
+// put it at a latency ceiling: few warps per scheduler, the tensor pipe far from busy, the
+// largest stall a fixed-latency wait on the HMMA instructions, and at D = 128 every mma waiting on
+// its own ldmatrix. mma.sync is Ampere's instruction. Hopper's tensor cores are fed by
 // wgmma: a warpgroup (4 warps, 128 threads) issues one instruction for a 64xN tile, the instruction
 // reads its B operand from shared memory itself, and it runs asynchronously until waited for.
 //   - S = Q·Kᵀ: Q is loaded once into A fragments (phase 7's ldmatrix code: a warp's share of a wgmma
@@ -18,14 +19,13 @@
 // V two tiles ahead with cp.async while the warpgroups compute. The softmax and the causal handling are
 // phase 7's: exp2 with log2(e) folded into the scale, a row maximum that moves only by more than 2^8,
 // masks only on the tiles that need them, tiles right of the diagonal never loaded, longest rows first.
-// Measured on an H100 (chapter 8): ahead of SDPA's FlashAttention-2 backend by more than phase 7 at
-// three of the four large shapes of the timing suite, most at D = 128, where phase 7 was about level
-// with it; a little behind phase 7 causal; still behind cuDNN everywhere.
+// Measured, in results/nvidia-h100-80gb-hbm3/: p08_wgmma.json, beside SDPA's backends in the same
+// run, and phase 7's record; the switches below, experiments/p08_wgmma_ablations.json; chapter 8.
 //
 // Tile parameters: WARPGROUPS, BLOCK_N (keys per tile, a multiple of 64) and CTAS_PER_SM for D = 64;
 // WARPGROUPS_D128, BLOCK_N_D128 and CTAS_PER_SM_D128 for D = 128. OVERLAP=1 issues each tile's Q·Kᵀ
 // together with the previous tile's P·V, so that a warpgroup's softmax runs under its own P·V
-// (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch (chapter 8).
+// (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch.
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
 // head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
