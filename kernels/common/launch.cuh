@@ -32,7 +32,8 @@ static cudaError_t cached_per_device(int device, int* value, LookUp look_up) {
   const bool cacheable = device >= 0 && device < kMaxDevices;
   if (cacheable && (*value = per_device_cache<Key>[device].load(std::memory_order_acquire)) > 0) return cudaSuccess;
   const cudaError_t err = look_up(value);
-  if (err == cudaSuccess && cacheable && *value > 0) per_device_cache<Key>[device].store(*value, std::memory_order_release);
+  if (err == cudaSuccess && cacheable && *value > 0)
+    per_device_cache<Key>[device].store(*value, std::memory_order_release);
   return err;
 }
 
@@ -91,7 +92,8 @@ static cudaError_t resident_ctas_per_sm(int device, int threads, size_t smem_byt
 // refused first with the error the launch itself would give; dynamic shared memory is opted in to
 // once per device.
 template <auto kKernel>
-static cudaError_t launch_kernel(dim3 grid, int threads, size_t smem_bytes, cudaStream_t stream, const FlashParams& params) {
+static cudaError_t launch_kernel(dim3 grid, int threads, size_t smem_bytes, cudaStream_t stream,
+                                 const FlashParams& params) {
   if (grid.x > static_cast<unsigned>(INT_MAX) || grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
   if (smem_bytes > 0) {
     int device = 0;
