@@ -56,7 +56,8 @@ static inline cudaError_t device_smem_optin_bytes(int device, int* bytes) {
   });
 }
 
-// Allows kKernel `bytes` of dynamic shared memory on `device` (needed past 48 KB), once per device.
+// Allows kKernel `bytes` of dynamic shared memory on `device` (needed past 48 KB), once per device;
+// every phase's kernel has one size, so the first call's is the kernel's.
 // More than the device can give is refused here with cudaErrorInvalidConfiguration, the error CUDA
 // documents for a launch asking for more shared memory than the device has; the binding has already
 // checked the limit with a message (flashcore_smem_bytes), so this only guards direct callers.
