@@ -7,19 +7,22 @@
 // softmax: the running output and row sum are rescaled by exp(old_max - new_max) whenever the max
 // grows). Nothing is materialised but one chunk of probabilities, so any sequence length works.
 //
-// Measured. Original (NVIDIA L4, mission shape 1x8x512x64): 1398 us, 43 registers, 768 B smem.
-// This file on an H100: see results/<gpu>/p01_baseline.json and chapter 01.
+// Measured: the original's run (NVIDIA L4) is quoted in book/intro.md; this file's effect is in
+// results/nvidia-h100-80gb-hbm3/p01_baseline.json and chapter 1.
 //
 // Why it is slow, on purpose. Each thread reads a whole K row (D halves, 2 bytes at a time, 128
 // threads touching 128 different rows: uncoalesced), every key of the head is re-read by every
-// query row (S x more traffic than the data), and each chunk of keys costs 19 CTA-wide barriers
-// (two tree reductions of nine each, plus one).
+// query row (S x more traffic than the data), and each chunk of NUM_THREADS keys costs
+// 2 (log2 NUM_THREADS + 2) + 1 CTA-wide barriers, 19 at the default 128: two tree reductions of
+// nine each (one to publish the values, seven halvings, one before the scratch is reused) and one
+// before the next chunk overwrites the probabilities. One more precedes the loop.
 // Phase 2 attacks the loads and the reductions.
 //
 // Knowingly does not support: head dims other than 64 and 128.
 #include <cfloat>
 
 #include "common/dispatch.cuh"
+#include "common/launch.cuh"
 
 #ifndef NUM_THREADS
 #define NUM_THREADS 128
@@ -111,11 +114,9 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(p.seqlen_q, p.heads, p.batch);
   return dispatch_dtype_head_dim(p, [&](auto element, auto head_dim) {
     using T = decltype(element);
-    attention_row_kernel<T, decltype(head_dim)::value><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel<attention_row_kernel<T, decltype(head_dim)::value>>(grid, kThreads, 0, stream, p);
   });
 }

@@ -2,8 +2,8 @@
 //
 // What changed vs phase 1, and why. Phase 1 gave every query row its own CTA, so every row re-read
 // all of K and V, two bytes per load, with the 32 lanes of a warp reading 32 different K rows
-// (uncoalesced); and each chunk of keys cost four CTA-wide barriers for two shared-memory tree
-// reductions. Here:
+// (uncoalesced); and each chunk of 128 keys cost 19 CTA-wide barriers for two shared-memory tree
+// reductions (nine each, plus one). Here:
 //   - a CTA owns kWarps query rows, one warp per row, and the warps share each K/V tile: the K/V
 //     traffic per row drops by kWarps;
 //   - the CTA copies a tile of kTileN = 32 keys into shared memory with 16-byte loads (8 halves per
@@ -11,15 +11,19 @@
 //   - lane j of a warp scores key j of the tile, so the max and the sum are warp reductions with
 //     __shfl_xor_sync (5 steps, no shared memory, no barrier);
 //   - for P·V, lane l owns output columns l*kColsPerLane..; p_j is broadcast with __shfl_sync.
-// Two CTA barriers per 32 keys remain (the tile must be loaded before use and used before reload).
+// The kernel's only CTA barriers are the two __syncthreads in the key loop: two per tile of 32 keys,
+// shared by the CTA's kWarps rows (the tile must be loaded before use and used before reload; each
+// warp stages its own Q row behind a __syncwarp).
 //
-// Measured: see results/<gpu>/p02_vectorized.json and chapter 02.
+// Measured: results/nvidia-h100-80gb-hbm3/p02_vectorized.json and chapter 2.
 //
 // Knowingly does not support: head dims other than 64 and 128; inputs not aligned to 16 bytes
 // (the binding refuses them with a message).
 #include <cfloat>
 
 #include "common/dispatch.cuh"
+#include "common/launch.cuh"
+#include "common/warp_reduce.cuh"
 
 #ifndef NUM_WARPS
 #define NUM_WARPS 8
@@ -41,16 +45,6 @@ struct SharedStorage {
   T v_tile[kTileN][kRowPitch<kHeadDim>];
   float q_rows[kWarps][kHeadDim];  // each warp's query row, pre-scaled, in fp32 (read as broadcasts)
 };
-
-__device__ __forceinline__ float warp_max(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-__device__ __forceinline__ float warp_sum(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
 
 // Copy rows [first, first + kTileN) of a (S, D) matrix into a padded tile with 16-byte loads;
 // rows past `seqlen` are zero-filled so that 0 * p never meets uninitialised memory.
@@ -110,10 +104,10 @@ __global__ void __launch_bounds__(kThreads) attention_rows_kernel(const FlashPar
         for (int i = 0; i < kVec; ++i) score += smem.q_rows[warp][d + i] * to_float(k8[i]);
       }
     }
-    const float new_max = fmaxf(row_max, warp_max(score));
+    const float new_max = fmaxf(row_max, allreduce_max<32>(score));
     const float prob = key < kv_end ? expf(score - new_max) : 0.f;
     const float correction = expf(row_max - new_max);
-    row_sum = row_sum * correction + warp_sum(prob);
+    row_sum = row_sum * correction + allreduce_sum<32>(prob);
     row_max = new_max;
 
 #pragma unroll
@@ -141,11 +135,9 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid((p.seqlen_q + kWarps - 1) / kWarps, p.heads, p.batch);
   return dispatch_dtype_head_dim(p, [&](auto element, auto head_dim) {
     using T = decltype(element);
-    attention_rows_kernel<T, decltype(head_dim)::value><<<grid, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_kernel<attention_rows_kernel<T, decltype(head_dim)::value>>(grid, kThreads, 0, stream, p);
   });
 }

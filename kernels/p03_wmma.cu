@@ -9,26 +9,31 @@
 // The output accumulator lives in shared memory in a layout *we* chose (row-major), so the
 // per-row rescale by exp(m_old - m_new) is a plain loop; WMMA fragments are only ever loaded from
 // and stored to that buffer, never indexed (their element order is unspecified).
-// Two more things it needs to beat phase 2 (measured on the H100 at the mission shape; the first
-// correct version without them took 58.2 us, slower than phase 2's 55.9 us):
+// Two more things it needs to beat phase 2 (the first correct version, without them, was slower
+// than phase 2 at the mission shape):
 //   - every shared-memory row padded by 16 bytes: unpadded 128-byte rows put the 16 rows of a WMMA
-//     load in one bank (58.2 -> 40.6 us); the padded D = 128 tiles need 49 KB, so the kernel uses
-//     dynamic shared memory with the opt-in attribute;
+//     load in one bank; the padded D = 128 tiles need 49 KB, so the kernel uses dynamic shared
+//     memory with the opt-in attribute;
 //   - the next K/V tile's global loads are issued into registers before this tile's math and
 //     stored to shared memory after it, so their latency overlaps the two matrix products.
 //
-// The original project's 32x32 kernel never became correct (max error 0.34-0.52). Its bug classes,
-// and how this file avoids them:
+// The original project's 32x32 kernel never became correct (its errors: book/intro.md). Its bug
+// classes, and how this file avoids them:
 //   - padding loops that used a padded row stride over an unpadded layout (overwriting real Q/V
-//     rows) with no barrier: tiles here are unpadded, loaded once per tile with zero-fill for rows
-//     past the sequence end, and every phase of the loop is separated by __syncthreads;
+//     rows) with no barrier: tiles here are padded by 16 bytes per row, and every access (stores,
+//     WMMA leading dimensions, the softmax) goes through the one pitch kPitch; no loop writes the
+//     padding, rows past the sequence end are zero-filled by the load itself, and every phase of
+//     the loop is separated by __syncthreads;
 //   - store_matrix_sync overwriting the output accumulator each KV tile: O is loaded into the
 //     accumulator fragment, P·V is added, and the sum stored back;
 //   - atomics on partial sums / a warp grid covering half the output: each O element belongs to
 //     exactly one warp's fragment, no atomics;
 //   - fragment elements indexed as if row-major: never done.
 //
-// Measured: see results/<gpu>/p03_wmma.json and chapter 03.
+// Measured: the three steps, each recorded on the H100 before the next was made, in
+// results/nvidia-h100-80gb-hbm3/: history/p03_wmma-c5a4155.json (correct, unpadded),
+// history/p03_wmma-a0240e8.json (+ padded rows) and p03_wmma.json (+ register prefetch: this
+// file); chapter 3 compares them.
 //
 // Knowingly does not support: bf16 (WMMA bf16 needs sm_80; phase 7 adds it); head dims other
 // than 64 and 128; inputs not aligned to 16 bytes.
@@ -36,8 +41,10 @@
 
 #include <mma.h>
 
+#include "common/launch.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/warp_reduce.cuh"
 
 using namespace nvcuda;
 
@@ -132,16 +139,6 @@ __device__ void accumulate_pv(SharedStorage<kHeadDim>& smem, int warp) {
   }
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashParams params) {
   // Dynamic shared memory: with padding, the D = 128 tiles need 49 KB, past the 48 KB static limit.
@@ -220,16 +217,10 @@ __global__ void __launch_bounds__(kThreads) attention_wmma_kernel(const FlashPar
   }
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in; the binding has already checked the
-// device's limit (flashcore_smem_bytes), so a failure here is reported, not hidden.
+// Past 48 KB of dynamic shared memory a kernel must opt in: launch_kernel does, once per device.
 template <int kHeadDim>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kHeadDim>);
-  cudaError_t err = cudaFuncSetAttribute(attention_wmma_kernel<kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  attention_wmma_kernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_wmma_kernel<kHeadDim>>(grid, kThreads, sizeof(SharedStorage<kHeadDim>), stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
@@ -238,7 +229,6 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   if (p.dtype != kFloat16) return cudaErrorInvalidValue;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
   if (p.head_dim == 64) return launch<64>(grid, stream, p);

@@ -2,8 +2,9 @@
 // (default 8), and the score buffer reused for the probabilities.
 //
 // What changed vs phase 4, and why:
-//   - P is fp16 again. Chapter 4's experiment showed fp32 P changes the error by less than the
-//     fp16 output rounding, and it costs shared memory and a second P·V.
+//   - P is fp16 again. Chapter 4's experiment (experiments/p04_precision.json) showed fp32 P
+//     changes the error by less than the fp16 output rounding, and it costs shared memory and a
+//     second P·V.
 //   - Tile sizes and warp count are -D defines (the chapter's widget and `flashcore_nb sweep`
 //     rebuild with other values); the static_asserts below name every invalid combination.
 //     A 64x64 tile does 4x the work of a 32x32 one per K/V tile loaded, and each K/V tile is
@@ -20,14 +21,19 @@
 // D = 64 needs 61 KB, past the 48 KB static limit; 128x128 at D = 128 needs more than any GPU has,
 // and the binding says so before launch.
 //
+// Measured, in results/nvidia-h100-80gb-hbm3/: this file's defaults, p05_tile64.json; every tile
+// configuration, experiments/p05_tile64_sweep.json; chapter 5.
+//
 // Knowingly does not support: bf16 (WMMA bf16 needs sm_80; phase 7 adds it); head dims other
 // than 64 and 128; inputs not aligned to 16 bytes.
 #include <cfloat>
 
 #include <mma.h>
 
+#include "common/launch.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/warp_reduce.cuh"
 
 using namespace nvcuda;
 
@@ -144,19 +150,6 @@ __device__ void accumulate_pv(SharedStorage<kHeadDim>& smem, int warp) {
   }
 }
 
-// Max / sum over the kThreadsPerRow consecutive lanes that share a query row.
-__device__ __forceinline__ float row_max_reduce(float x) {
-#pragma unroll
-  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-__device__ __forceinline__ float row_sum_reduce(float x) {
-#pragma unroll
-  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(const FlashParams params) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -208,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(const FlashPa
       s[c] = visible ? smem.scores[my_row][col] * params.scale : -FLT_MAX;
       tile_max = fmaxf(tile_max, s[c]);
     }
-    const float new_max = fmaxf(row_max, row_max_reduce(tile_max));
+    const float new_max = fmaxf(row_max, allreduce_max<kThreadsPerRow>(tile_max));
     __syncwarp();  // the whole row's S is in registers: its bytes may now hold P
     __half* p_row = smem.probs() + my_row * kProbsPitch;
     float tile_sum = 0.f;
@@ -219,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(const FlashPa
       tile_sum += p;
     }
     const float correction = expf(row_max - new_max);
-    row_sum = row_sum * correction + row_sum_reduce(tile_sum);
+    row_sum = row_sum * correction + allreduce_sum<kThreadsPerRow>(tile_sum);
     row_max = new_max;
     for (int c = part * kOutColsPerThread; c < (part + 1) * kOutColsPerThread; ++c) smem.out[my_row][c] *= correction;
     __syncthreads();  // P written, O rescaled
@@ -237,16 +230,10 @@ __global__ void __launch_bounds__(kThreads) attention_tiled_kernel(const FlashPa
   }
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in; the binding has already checked the
-// device's limit (flashcore_smem_bytes), so a failure here is reported, not hidden.
+// Past 48 KB of dynamic shared memory a kernel must opt in: launch_kernel does, once per device.
 template <int kHeadDim>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kHeadDim>);
-  cudaError_t err = cudaFuncSetAttribute(attention_tiled_kernel<kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  attention_tiled_kernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_tiled_kernel<kHeadDim>>(grid, kThreads, sizeof(SharedStorage<kHeadDim>), stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
@@ -255,7 +242,6 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   if (p.dtype != kFloat16) return cudaErrorInvalidValue;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
   if (p.head_dim == 64) return launch<64>(grid, stream, p);

@@ -13,7 +13,8 @@
 //     STAGES = 1 nothing overlaps (copy, wait, compute); with 2 the next tile's copy runs under this
 //     tile's math; with 3 two copies are in flight;
 //   - defaults (BLOCK_M = 32, BLOCK_N = 128, NUM_WARPS = 8, STAGES = 2) come from measuring every
-//     combination on the H100 (chapter 6): 32-row tiles give the mission shape one CTA per SM, and
+//     combination on the H100 (results/nvidia-h100-80gb-hbm3/experiments/p06_async_sweep.json,
+//     chapter 6): 32-row tiles give the mission shape one CTA per SM, and
 //     there the second stage pays; with many CTAs per SM a stage can cost a resident CTA instead.
 //     The defines and their static_asserts are phase 5's plus STAGES.
 // The stage a copy fills was last read by the previous tile, whose loop iteration ended with a
@@ -23,7 +24,9 @@
 // the V copy computes its destination with the original project's row pitch (D + 16 halves)
 // while the buffer is laid out with D + 8. Rows drift further each step, run into the next stage
 // and, from the last stage, past the end of the block's shared memory. It is only ever run as a
-// separate process under compute-sanitizer.
+// separate process under compute-sanitizer (its report: experiments/p06_sanitizer.json).
+//
+// Measured, in results/nvidia-h100-80gb-hbm3/: p06_async.json and chapter 6.
 //
 // Knowingly does not support: GPUs before sm_80 (no cp.async); bf16 (phase 7); head dims other
 // than 64 and 128; inputs not aligned to 16 bytes.
@@ -32,8 +35,10 @@
 #include <mma.h>
 
 #include "common/async_copy.cuh"
+#include "common/launch.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/warp_reduce.cuh"
 
 using namespace nvcuda;
 
@@ -148,19 +153,6 @@ __device__ void accumulate_pv(SharedStorage<kHeadDim>& smem, const Tile<kHeadDim
   }
 }
 
-// Max / sum over the kThreadsPerRow consecutive lanes that share a query row.
-__device__ __forceinline__ float row_max_reduce(float x) {
-#pragma unroll
-  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-__device__ __forceinline__ float row_sum_reduce(float x) {
-#pragma unroll
-  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) attention_async_kernel(const FlashParams params) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -224,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) attention_async_kernel(const FlashPa
       s[c] = visible ? smem.scores[my_row][col] * params.scale : -FLT_MAX;
       tile_max = fmaxf(tile_max, s[c]);
     }
-    const float new_max = fmaxf(row_max, row_max_reduce(tile_max));
+    const float new_max = fmaxf(row_max, allreduce_max<kThreadsPerRow>(tile_max));
     __syncwarp();  // the whole row's S is in registers: its bytes may now hold P
     __half* p_row = smem.probs() + my_row * kProbsPitch;
     float tile_sum = 0.f;
@@ -235,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) attention_async_kernel(const FlashPa
       tile_sum += p;
     }
     const float correction = expf(row_max - new_max);
-    row_sum = row_sum * correction + row_sum_reduce(tile_sum);
+    row_sum = row_sum * correction + allreduce_sum<kThreadsPerRow>(tile_sum);
     row_max = new_max;
     for (int c = part * kOutColsPerThread; c < (part + 1) * kOutColsPerThread; ++c) smem.out[my_row][c] *= correction;
     __syncthreads();  // P written, O rescaled
@@ -253,16 +245,10 @@ __global__ void __launch_bounds__(kThreads) attention_async_kernel(const FlashPa
   }
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in; the binding has already checked the
-// device's limit (flashcore_smem_bytes), so a failure here is reported, not hidden.
+// Past 48 KB of dynamic shared memory a kernel must opt in: launch_kernel does, once per device.
 template <int kHeadDim>
 cudaError_t launch(dim3 grid, cudaStream_t stream, const FlashParams& p) {
-  constexpr size_t kSmem = sizeof(SharedStorage<kHeadDim>);
-  cudaError_t err = cudaFuncSetAttribute(attention_async_kernel<kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  attention_async_kernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_async_kernel<kHeadDim>>(grid, kThreads, sizeof(SharedStorage<kHeadDim>), stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
@@ -271,7 +257,6 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   const FlashParams& p = *params;
-  if (p.heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   if (p.dtype != kFloat16) return cudaErrorInvalidValue;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
   if (p.head_dim == 64) return launch<64>(grid, stream, p);

@@ -4,8 +4,9 @@
 //
 // What changed vs phase 6, and why. Phases 3-6 pass every tile through shared memory three times:
 // WMMA writes S out, the softmax reads it and writes P, P·V reads P and read-modify-writes O, with
-// four barriers per tile; at 4x16x2048 that ran at 8% of the matmul peak. Here each warp owns
-// WARP_ROWS query rows and keeps everything about them in registers:
+// four barriers per tile; at 4x16x2048 that left the tensor cores mostly idle (its share of the
+// matmul peak: results/nvidia-h100-80gb-hbm3/p06_async.json against experiments/peaks.json). Here
+// each warp owns WARP_ROWS query rows and keeps everything about them in registers:
 //   - Q: loaded once into A-operand fragments (ldmatrix), or re-read per tile for wide heads;
 //   - S = Q·Kᵀ: mma.sync accumulators whose layout PTX documents (common/mma.cuh), so the softmax
 //     knows which row and column every value is: rows g and g+8, two columns per 8-key tile, the
@@ -31,20 +32,25 @@
 //
 // Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
 // SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
-// measured dead end kept as one (chapter 7). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
+// measured dead end kept as one. Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
+//
+// Measured, in results/nvidia-h100-80gb-hbm3/: p07_registers.json; each switch off in turn,
+// experiments/p07_registers_ablations.json; the profile, experiments/p07_registers_profile.json;
+// chapter 7.
 //
 // Knowingly does not support: GPUs before sm_80 (cp.async, bf16 mma); head dims other than 64
 // and 128; inputs not aligned to 16 bytes.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "common/async_copy.cuh"
+#include "common/launch.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/warp_reduce.cuh"
 
 // The configuration for problems that fill the GPU (BLOCK_M and STAGES for D = 64; D = 128 has its own).
 #ifndef BLOCK_M
@@ -228,16 +234,6 @@ __device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t 
                   inside);
     }
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // exp of a score already multiplied by score_scale and shifted by the row maximum.
@@ -610,59 +606,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
   }
 }
 
-// Host-side facts are looked up once per device, not on every call: each lookup adds microseconds to
-// a call that, at the mission shape, runs for a few.
-constexpr int kMaxDevices = 64;
-
-static cudaError_t sm_count(int device, int* sms) {
-  static std::atomic<int> cached[kMaxDevices];   // 0: not looked up yet
-  if (device < kMaxDevices && (*sms = cached[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  const cudaError_t err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && device < kMaxDevices) cached[device].store(*sms, std::memory_order_relaxed);
-  return err;
-}
-
 // The key-split path when the large-tile grid would leave SMs idle.
 static bool use_split_tiles(const FlashParams& p) {
   if (KV_SPLIT == 1) return false;
   int threshold = SMALL_PROBLEM_CTAS, device = 0;
-  if (threshold < 0 && (cudaGetDevice(&device) != cudaSuccess || sm_count(device, &threshold) != cudaSuccess)) return false;
+  if (threshold < 0 && (cudaGetDevice(&device) != cudaSuccess || device_sm_count(device, &threshold) != cudaSuccess))
+    return false;
   const int block_m = p.head_dim == 128 ? BLOCK_M_D128 : BLOCK_M;
   const long long ctas = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.heads * p.batch;
   return ctas < threshold;
 }
 
-// `static`, so that its cached facts are this build's own: builds of this file with other -D defines
-// share these template names, load into one process, and would otherwise share one copy of the cache.
 template <typename T, int kHeadDim, typename Cfg>
-static cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   constexpr size_t kSmem = sizeof(SharedStorage<T, kHeadDim, Cfg>);
-  const auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
+  constexpr auto kernel = attention_registers_kernel<T, kHeadDim, Cfg>;
   const long long items = static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
   if (items > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  // Once per device: allow this kernel its shared memory, and ask how many of its CTAs an SM holds.
-  static std::atomic<int> ctas_per_sm[kMaxDevices];   // 0: not prepared on that device yet
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices) per_sm = ctas_per_sm[device].load(std::memory_order_relaxed);
-  if (per_sm == 0) {
-    if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess ||
-        (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem)) != cudaSuccess)
-      return err;
-    per_sm = std::max(1, per_sm);
-    if (device < kMaxDevices) ctas_per_sm[device].store(per_sm, std::memory_order_relaxed);
-  }
   long long ctas = items;
   // Persistent: no more CTAs than are resident at once. The key-split configuration keeps one query
   // tile per CTA (its merge reuses the K/V buffers), and is only chosen when that fits anyway.
   if (PERSISTENT && Cfg::kKvSplit == 1) {
-    if ((err = sm_count(device, &sms)) != cudaSuccess) return err;
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t err;
+    if ((err = cudaGetDevice(&device)) != cudaSuccess || (err = device_sm_count(device, &sms)) != cudaSuccess ||
+        (err = resident_ctas_per_sm<kernel>(device, Cfg::kThreads, kSmem, &per_sm)) != cudaSuccess)
+      return err;
     const long long resident = PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : per_sm * static_cast<long long>(sms);
     ctas = std::min(items, resident);
   }
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<kernel>(dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, kSmem, stream, p);
 }
 
 template <int kHeadDim>

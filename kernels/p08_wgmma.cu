@@ -1,9 +1,10 @@
 // Phase 8 — Hopper's warpgroup MMA: wgmma.mma_async, reading K and V straight from shared memory.
 //
 // What changed vs phase 7, and why. Phase 7 is the FlashAttention-2 structure on mma.sync, and on an
-// H100 its profile (chapter 7) put it at a latency ceiling: 1.9 warps per scheduler, the tensor pipe
-// 42-56% busy, the largest stall a fixed-latency wait on the HMMA instructions, and at D = 128 every
-// mma waiting on its own ldmatrix. mma.sync is Ampere's instruction. Hopper's tensor cores are fed by
+// H100 its profile (results/nvidia-h100-80gb-hbm3/experiments/p07_registers_profile.json, chapter 7)
+// put it at a latency ceiling: few warps per scheduler, the tensor pipe far from busy, the
+// largest stall a fixed-latency wait on the HMMA instructions, and at D = 128 every mma waiting on
+// its own ldmatrix. mma.sync is Ampere's instruction. Hopper's tensor cores are fed by
 // wgmma: a warpgroup (4 warps, 128 threads) issues one instruction for a 64xN tile, the instruction
 // reads its B operand from shared memory itself, and it runs asynchronously until waited for.
 //   - S = Q·Kᵀ: Q is loaded once into A fragments (phase 7's ldmatrix code: a warp's share of a wgmma
@@ -18,25 +19,25 @@
 // V two tiles ahead with cp.async while the warpgroups compute. The softmax and the causal handling are
 // phase 7's: exp2 with log2(e) folded into the scale, a row maximum that moves only by more than 2^8,
 // masks only on the tiles that need them, tiles right of the diagonal never loaded, longest rows first.
-// Measured on an H100 (chapter 8): ahead of SDPA's FlashAttention-2 backend by more than phase 7 at
-// three of the four large shapes of the timing suite, most at D = 128, where phase 7 was about level
-// with it; a little behind phase 7 causal; still behind cuDNN everywhere.
+// Measured, in results/nvidia-h100-80gb-hbm3/: p08_wgmma.json, beside SDPA's backends in the same
+// run, and phase 7's record; the switches below, experiments/p08_wgmma_ablations.json; chapter 8.
 //
 // Tile parameters: WARPGROUPS, BLOCK_N (keys per tile, a multiple of 64) and CTAS_PER_SM for D = 64;
 // WARPGROUPS_D128, BLOCK_N_D128 and CTAS_PER_SM_D128 for D = 128. OVERLAP=1 issues each tile's Q·Kᵀ
 // together with the previous tile's P·V, so that a warpgroup's softmax runs under its own P·V
-// (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch (chapter 8).
+// (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch.
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
 // head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
 // get no key-split path: phase 7 remains the faster kernel there.
-#include <atomic>
 #include <cmath>
 
 #include "common/async_copy.cuh"
+#include "common/launch.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/shared_memory.cuh"
 #include "common/warp_reduce.cuh"
 #include "common/wgmma.cuh"
 
@@ -105,9 +106,6 @@ __device__ __forceinline__ void copy_tile(unsigned char* tile, const T* base, co
     cp_async_16(tile + swizzled_offset(kRows, row, col), source, inside);
   }
 }
-
-// Makes this thread's completed cp.async writes visible to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kCtasPerSm)
@@ -337,27 +335,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   }
 }
 
-constexpr int kMaxDevices = 64;
-
-// `static`: each -D build of this file keeps its own per-device flag (see phase 7).
 template <typename T, int kHeadDim>
-static cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   using Cfg = Tiles<kHeadDim>;
-  const auto kernel = attention_wgmma_kernel<T, kHeadDim>;
-  // Once per device: allow the kernel its shared memory.
-  static std::atomic<bool> prepared[kMaxDevices];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !prepared[device].load(std::memory_order_relaxed)) {
-    if ((err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes)) !=
-        cudaSuccess)
-      return err;
-    if (device < kMaxDevices) prepared[device].store(true, std::memory_order_relaxed);
-  }
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel<attention_wgmma_kernel<T, kHeadDim>>(grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {

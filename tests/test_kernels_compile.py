@@ -1,8 +1,18 @@
-"""Every kernel compiles with plain nvcc (no GPU, no torch) for every arch its phase declares."""
+"""Every kernel compiles with plain nvcc (no GPU, no torch) for every arch its phase declares; the
+kernels' source rules hold (no torch, each device helper once, no process-wide launch caches); the
+Hopper primitives in kernels/common compile, link without libcuda, and run where there is an H100."""
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
 
-from flashcore_nb import build
+from flashcore_nb import build, env
+from flashcore_nb.paths import KERNELS_DIR
 from flashcore_nb.phases import PHASES
+
+FIXTURES = Path(__file__).parent / "kernels"
 
 CASES = [(name, cc) for name, phase in PHASES.items() for cc in phase.archs]
 
@@ -21,10 +31,114 @@ def test_invalid_tile_parameters_fail_with_the_reason():
         build.compile_only(PHASES["p01_baseline"].kernel_file, 80, {"NUM_THREADS": 96})
 
 
+def _nvcc() -> str:
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        pytest.fail("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    return nvcc
+
+
+def _kernel_files(kernels_dir: Path) -> list[Path]:
+    return sorted([*kernels_dir.glob("*.cu"), *kernels_dir.glob("common/*.cuh")])
+
+
+# --- torch stays out ----------------------------------------------------------------------------
+
+_TORCH_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"](?:torch|ATen|c10)\b')
+
+
+def torch_includes(kernels_dir: Path) -> list[str]:
+    """`file:line` of every #include of torch, ATen or c10 in the kernel sources and common headers."""
+    return [f"{path.relative_to(kernels_dir)}:{number}"
+            for path in _kernel_files(kernels_dir)
+            for number, line in enumerate(path.read_text().splitlines(), 1) if _TORCH_INCLUDE_RE.match(line)]
+
+
 def test_kernels_include_no_torch():
-    for name, phase in PHASES.items():
-        for rel, text in build.kernel_sources(phase.kernel_file).items():
-            assert "torch" not in text.split("//")[0] and "#include <torch" not in text, rel
+    assert torch_includes(KERNELS_DIR) == []
+
+
+def test_torch_include_check_catches_an_include_anywhere(kernels_copy):
+    # The old check read only the text before the first "//" of a file, and every kernel opens with a comment.
+    header = kernels_copy / "common" / "numeric.cuh"
+    text = header.read_text()
+    header.write_text(text + "  #include <ATen/ATen.h>\n")
+    kernel = kernels_copy / "p05_tile64.cu"
+    lines = kernel.read_text().splitlines()
+    kernel.write_text("\n".join([*lines[:30], '#include "torch/extension.h"', *lines[30:]]))
+    assert torch_includes(kernels_copy) == [f"common/numeric.cuh:{len(text.splitlines()) + 1}", "p05_tile64.cu:31"]
+
+
+# --- each device helper once --------------------------------------------------------------------
+
+# A __device__ function at file scope (column 0, so member functions are left out), and its name.
+_DEVICE_FUNCTION_RE = re.compile(r"^(?:template\s*<[^>]*>\s*)?__device__\b[^;{]*?\b(\w+)\s*(?:<[^()]*>)?\s*\(",
+                                 re.MULTILINE)
+_FILE_TYPE_RE = re.compile(r"^(?:struct|class|union)\s+(\w+)|^using\s+(\w+)\s*=", re.MULTILINE)
+
+
+def duplicated_device_helpers(kernels_dir: Path) -> list[str]:
+    """Names of __device__ functions that a kernel file defines and common/ or another kernel file also does.
+
+    A phase's own stages (compute_scores, accumulate_pv ...) take the phase's own types (its SharedStorage, its
+    tile) and are rewritten by every phase that changes the layout: a function whose parameters name a type its
+    file defines is such a stage. Everything else is a helper, and a helper lives in common/."""
+    common = {match.group(1) for path in kernels_dir.glob("common/*.cuh")
+              for match in _DEVICE_FUNCTION_RE.finditer(path.read_text())}
+    helpers: dict[str, list[str]] = {}
+    for path in sorted(kernels_dir.glob("*.cu")):
+        text = path.read_text()
+        own_types = {name for match in _FILE_TYPE_RE.finditer(text) for name in match.groups() if name}
+        for match in _DEVICE_FUNCTION_RE.finditer(text):
+            parameters = text[match.end():text.find("{", match.end())]
+            if not own_types & set(re.findall(r"\w+", parameters)):
+                helpers.setdefault(match.group(1), []).append(path.name)
+    return sorted(f"{name}: {', '.join(files)}{' and common/' if name in common else ''}"
+                  for name, files in helpers.items() if len(set(files)) > 1 or name in common)
+
+
+def test_each_device_helper_is_defined_once():
+    assert duplicated_device_helpers(KERNELS_DIR) == []
+
+
+def test_helper_check_catches_a_copy(kernels_copy):
+    kernel = kernels_copy / "p07_registers.cu"
+    copy = ("__device__ __forceinline__ float quad_max(float x) {\n"
+            "  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));\n}\n")
+    kernel_start = "template <typename T, int kHeadDim, typename Cfg>\n__global__"
+    kernel.write_text(kernel.read_text().replace(kernel_start, copy + kernel_start))
+    p05 = kernels_copy / "p05_tile64.cu"
+    p05.write_text(p05.read_text() + "\n__device__ float swizzled_offset(int rows, int row, int col) { return 0.f; }\n")
+    assert duplicated_device_helpers(kernels_copy) == ["quad_max: p07_registers.cu and common/",
+                                                       "swizzled_offset: p05_tile64.cu, p08_wgmma.cu"]
+
+
+# --- launch caches are each build's own -----------------------------------------------------------
+
+def _host_object(name: str, directory: Path) -> Path:
+    """The phase compiled to an object with PTX only (the host code is what matters, and ptxas is slow)."""
+    phase = PHASES[name]
+    arch = "90a" if phase.arch_specific else "80"
+    obj = directory / f"{name}.o"
+    cmd = [_nvcc(), "-c", "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=compute_{arch}",
+           f"-I{KERNELS_DIR}", str(phase.kernel_file), "-o", str(obj)]
+    compiled = subprocess.run(cmd, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    return obj
+
+
+def test_launch_caches_are_local_symbols(tmp_path):
+    """Builds of one file with other -D defines load into one process. A cache with vague linkage becomes an
+    STB_GNU_UNIQUE symbol, shared by all of them (phase 7's lesson; common/launch.cuh): none may exist."""
+    with ThreadPoolExecutor() as pool:
+        objects = dict(zip(PHASES, pool.map(lambda name: _host_object(name, tmp_path), PHASES)))
+    for name, obj in objects.items():
+        symbols = subprocess.run(["readelf", "-sW", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
+        assert " UNIQUE " not in symbols, f"{name}: " + "\n".join(l for l in symbols.splitlines() if " UNIQUE " in l)
+    symbols = subprocess.run(["readelf", "-sW", "-C", str(objects["p07_registers"])], capture_output=True, text=True,
+                             check=True).stdout
+    caches = [line for line in symbols.splitlines() if "per_device_cache<" in line]
+    assert caches and all(" LOCAL " in line for line in caches), caches
 
 
 def test_parse_ptxas_takes_the_worst_entry():
@@ -55,3 +169,63 @@ def test_extension_names_differ_by_arch_and_flags():
     assert a != build.extension_name("p01_baseline", 90, {"NUM_THREADS": 128})
     assert a != build.extension_name("p01_baseline", 80, {"NUM_THREADS": 256})
     assert a == build.extension_name("p01_baseline", 80, {"NUM_THREADS": 128})
+
+
+# --- Hopper primitives (kernels/common/mbarrier.cuh, tma.cuh, warp_specialize.cuh) -----------------
+
+HOPPER_FIXTURE = FIXTURES / "hopper_primitives.cu"
+
+
+@pytest.fixture(scope="module")
+def hopper_executable(tmp_path_factory) -> Path:
+    """tests/kernels/hopper_primitives.cu for sm_90a, linked as nvcc links by default: no -lcuda."""
+    exe = tmp_path_factory.mktemp("hopper") / "hopper_primitives"
+    cmd = [_nvcc(), *build.NVCC_FLAGS, build.gencode(90, arch_specific=True), f"-I{KERNELS_DIR}", str(HOPPER_FIXTURE),
+           "-o", str(exe)]
+    compiled = subprocess.run(cmd, capture_output=True, text=True)
+    assert compiled.returncode == 0, f"{' '.join(cmd)}\n{compiled.stderr}"
+    return exe
+
+
+def test_hopper_primitives_build_for_sm90a(hopper_executable):
+    assert hopper_executable.exists()
+    needed = subprocess.run(["readelf", "-d", str(hopper_executable)], capture_output=True, text=True,
+                            check=True).stdout
+    assert "NEEDED" in needed and "libcuda" not in needed, needed
+
+
+def test_hopper_primitives_run_without_libcuda(hopper_executable):
+    # Where there is no driver, the program still starts (nothing needs libcuda to load) and says so.
+    ran = subprocess.run([str(hopper_executable)], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith(("ok", "no CUDA device", "not an sm_90 GPU")), ran.stdout
+
+
+def test_hopper_headers_compile_for_sm80(tmp_path):
+    cmd = [_nvcc(), "-c", "-std=c++17", build.gencode(80), f"-I{KERNELS_DIR}", str(HOPPER_FIXTURE),
+           "-o", str(tmp_path / "sm80.o")]
+    compiled = subprocess.run(cmd, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+
+
+@pytest.mark.parametrize("header,use,cc", [
+    ("mbarrier.cuh", "__shared__ uint64_t bar; mbarrier_init(&bar, 1);", 80),
+    ("tma.cuh", "tma_store_commit();", 80),
+    ("warp_specialize.cuh", "setmaxnreg_inc<240>();", 90),   # sm_90 without the "a": no setmaxnreg
+])
+def test_hopper_primitive_used_where_it_does_not_exist_fails_to_compile(tmp_path, header, use, cc):
+    source = tmp_path / "use.cu"
+    source.write_text(f'#include "common/{header}"\n__global__ void use() {{ {use} }}\n')
+    cmd = [_nvcc(), "-c", "-std=c++17", build.gencode(cc), f"-I{KERNELS_DIR}", str(source),
+           "-o", str(tmp_path / "use.o")]
+    compiled = subprocess.run(cmd, capture_output=True, text=True)
+    name = re.match(r"(?:__shared__ uint64_t bar; )?(\w+)", use).group(1)
+    assert compiled.returncode != 0 and f'identifier "{name}" is undefined' in compiled.stderr, compiled.stderr
+
+
+@pytest.mark.gpu
+def test_hopper_primitives_on_an_h100(hopper_executable):
+    ran = subprocess.run([str(hopper_executable)], capture_output=True, text=True, timeout=120)
+    if ran.stdout.startswith("not an sm_90 GPU"):
+        pytest.skip(ran.stdout.strip())
+    assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stdout + ran.stderr

@@ -4,13 +4,15 @@
 
 #include <cuda_runtime.h>
 
+#include "common/shared_memory.cuh"
+
 // Copy 16 bytes global -> shared, or write 16 zero bytes when `fill` is false (the src-size
 // operand 0 reads nothing, so `src` only has to be a valid address, not a readable row).
 // .cg caches in L2 only: K and V tiles are read once per CTA, L1 would not help.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool fill) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = fill ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(src_bytes)
                : "memory");
 }
 

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "common/shared_memory.cuh"
+
 // D = A·B + D for one 16x8x16 tile, fp32 accumulate.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
@@ -32,11 +34,6 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const ui
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// The 32-bit shared-memory address ldmatrix and cp.async take.
-__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
 // Four 8x8 16-bit matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i,
