@@ -74,7 +74,7 @@ def gpu_time_us(call, repeats: int = 15) -> dict:
     """One method alone (chapter 0's timing-method experiment): median and minimum over replays."""
     graph = _Graph(call)
     times = [event_time_us(graph.graph.replay, 1) / graph.calls for _ in range(repeats)]
-    return {"gpu_us": statistics.median(times), "gpu_us_min": min(times)}
+    return {"gpu_us": statistics.median(times), "gpu_us_min": min(times), "gpu_us_all": times}
 
 
 def call_latency_us(call, calls: int = 50) -> float:

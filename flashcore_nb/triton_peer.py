@@ -10,7 +10,6 @@ peer only where that import works."""
 from __future__ import annotations
 
 import math
-import statistics
 
 import torch
 import triton
@@ -22,27 +21,17 @@ LOG2E = 1.4426950408889634
 # timing shapes (64 or 128 rows, 64 or 128 keys, 4 or 8 warps, 2-4 stages). Configurations that do not
 # fit a GPU's shared memory are skipped by the autotuner, so one list serves every GPU.
 _CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4)]]
+            for m, n, w, s in [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+                               (128, 64, 8, 4)]]
 
 
-def _median_time(kernel_call, quantiles=None):
-    """The autotuner's timer, measuring as bench.py does: back-to-back calls with the inputs left in
-    L2. (Triton's own do_bench clears L2 before every call: it would tune for cold caches, while every
-    method in this book is timed with warm ones.)"""
-    for _ in range(3):
-        kernel_call()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            kernel_call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 10)
-    if quantiles is None:
-        return statistics.median(times)
-    return torch.tensor(times).quantile(torch.tensor(quantiles)).tolist()
+def _graph_time(kernel_call, quantiles=None):
+    """The autotuner's timer, measuring as bench.py measures every method: CUDA-graph replays of
+    back-to-back calls, inputs warm in L2. (Triton's own do_bench clears L2 before every call and
+    includes no launch-free path for the few-microsecond problems.)"""
+    from .bench import gpu_time_us
+    times = torch.tensor(gpu_time_us(kernel_call, repeats=5)["gpu_us_all"])
+    return times.median().item() if quantiles is None else times.quantile(torch.tensor(quantiles)).tolist()
 
 
 @triton.jit
@@ -77,7 +66,7 @@ def _attend(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seqlen
     return acc, m_i, l_i
 
 
-@triton.autotune(configs=_CONFIGS, key=["seqlen_q", "seqlen_k", "HEAD_DIM", "CAUSAL"], do_bench=_median_time)
+@triton.autotune(configs=_CONFIGS, key=["seqlen_q", "seqlen_k", "HEAD_DIM", "CAUSAL"], do_bench=_graph_time)
 @triton.jit
 def _forward(Q, K, V, O, scale_log2, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
              heads, seqlen_q, seqlen_k, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
