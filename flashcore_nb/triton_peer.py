@@ -27,8 +27,7 @@ _CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=
 
 def _graph_time(kernel_call, quantiles=None):
     """The autotuner's timer, measuring as bench.py measures every method: CUDA-graph replays of
-    back-to-back calls, inputs warm in L2. (Triton's own do_bench clears L2 before every call and
-    includes no launch-free path for the few-microsecond problems.)"""
+    back-to-back calls, inputs warm in L2. (Triton's own do_bench clears L2 before every call.)"""
     from .bench import gpu_time_us
     times = torch.tensor(gpu_time_us(kernel_call, repeats=5)["gpu_us_all"])
     return times.median().item() if quantiles is None else times.quantile(torch.tensor(quantiles)).tolist()
