@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles  # noqa: F401 (Buffer, p07_tiles, p08_tiles: chapters read them here)
+# Buffer, p07_tiles and p08_tiles are the registry's; chapters read them here, beside the budget they explain.
+from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles  # noqa: F401
 
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 

@@ -23,6 +23,7 @@ SCHEMA_VERSION = 1
 # Chapter 4: one kernel file, one variable changed at a time (the variants its phase tags "precision").
 PRECISION_PHASE = next(name for name, phase in PHASES.items() if phase.variants_tagged("precision"))
 PRECISION_VARIANTS = get(PRECISION_PHASE).variants_tagged("precision")
+PRECISION_RECORD = "p04_precision"
 PRECISION_SEEDS = (0, 1)
 
 # Chapter 5 and 6: each phase's tile-size grid, and the problems every configuration is checked and timed on.
@@ -121,7 +122,7 @@ def run_precision(cases: list[shapes.Case]) -> list[dict]:
 
 def record_precision(cases: list[shapes.Case]) -> Path:
     rows = run_precision(cases)
-    return write(make_record("p04_precision", PRECISION_PHASE, PRECISION_VARIANTS, rows))
+    return write(make_record(PRECISION_RECORD, PRECISION_PHASE, PRECISION_VARIANTS, rows))
 
 
 def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
@@ -129,7 +130,7 @@ def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, s
     if env.mode() == "live":
         rows = run_precision(shapes.CORRECTNESS)
         return pd.DataFrame(rows), results.environment_line(env.environment(), "measured live on")
-    record = load("p04_precision", gpu_slug)
+    record = load(PRECISION_RECORD, gpu_slug)
     return pd.DataFrame(record["rows"]), provenance(record)
 
 
