@@ -26,7 +26,7 @@ PRECISION_VARIANTS = get(PRECISION_PHASE).variants_tagged("precision")
 PRECISION_RECORD = "p04_precision"
 PRECISION_SEEDS = (0, 1)
 
-# Chapter 5 and 6: each phase's tile-size grid, and the problems every configuration is checked and timed on.
+# Chapters 5 and 6: each phase's tile-size grid, and the problems every configuration is checked and timed on.
 SWEEP_GRIDS = {name: phase.sweep_grid for name, phase in PHASES.items() if phase.sweep_grid}
 # Head dim 64 only: the sweep answers "which tiles for the mission shape"; budget.py says where D = 128 fits.
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
