@@ -1,18 +1,17 @@
 """Shared memory per CTA, buffer by buffer, and the occupancy it allows: arithmetic, no GPU needed.
 
-`smem_buffers` mirrors each kernel's `SharedStorage` struct field by field; tests/test_budget.py
-compiles the kernels and checks the sum against their own sizeof (flashcore_smem_bytes).
+Each phase's layout (phases.py) mirrors its kernel's `SharedStorage` struct field by field;
+tests/test_budget.py compiles the kernels and checks the sum against their own sizeof
+(flashcore_smem_bytes), and that every phase's defaults fit every GPU below that runs it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .phases import get
+# Buffer, p07_tiles and p08_tiles are the registry's; chapters read them here, beside the budget they explain.
+from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles  # noqa: F401
 
-PHASES_WITH_LAYOUT = ("p03_wmma", "p04_fp32p", "p05_tile64", "p06_async", "p07_registers",
-                      "p08_wgmma")   # the dynamic-shared-memory phases
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
-WARP = 32
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,8 @@ def occupancy(gpu: GpuLimits, threads_per_block: int, registers_per_thread: int,
         "shared memory": gpu.smem_per_sm // smem_per_block if smem_per_block else gpu.max_blocks_per_sm,
         "blocks": gpu.max_blocks_per_sm,
     }
+    if limits["registers"] == 0:   # one block needs more registers than the SM has: it cannot launch
+        return Occupancy(0, "registers", 0, 0.0, fits=False)
     limiter = min(limits, key=limits.get)
     blocks = limits[limiter]
     return Occupancy(blocks, limiter, blocks * warps, blocks * warps / gpu.max_warps_per_sm, fits=True)
@@ -92,92 +93,19 @@ def occupancy(gpu: GpuLimits, threads_per_block: int, registers_per_thread: int,
 
 # --- the shared-memory budget of each phase -----------------------------------------------------
 
-@dataclass(frozen=True)
-class Buffer:
-    name: str
-    rows: int
-    pitch: int              # elements per row, padding included
-    element_bytes: int
-
-    @property
-    def bytes(self) -> int:
-        return self.rows * self.pitch * self.element_bytes
-
-
-def _pitch(cols: int, element_bytes: int) -> int:
-    # Every kernel pads each row by 16 bytes against bank conflicts: kPitch<kCols, T> = kCols + 16 / sizeof(T)
-    return cols + 16 // element_bytes
-
-
-def _tiles(block_m: int, block_n: int, head_dim: int) -> list[Buffer]:
-    return [Buffer(name, rows, _pitch(head_dim, 2), 2)
-            for name, rows in (("Q tile", block_m), ("K tile", block_n), ("V tile", block_n))]
-
-
-def _accumulator(block_m: int, head_dim: int) -> Buffer:
-    return Buffer("O accumulator (fp32)", block_m, _pitch(head_dim, 4), 4)
-
-
 def _params(phase_name: str, tile_params: dict | None) -> dict:
     return {**get(phase_name).tile_params, **(tile_params or {})}
 
 
-def p07_tiles(head_dim: int, params: dict, split: bool) -> tuple[int, int, int, int]:
-    """p07's (BLOCK_M, BLOCK_N, STAGES, warps) for a head dim: the large-problem configuration, or
-    the key-split one small problems take (16 rows per warp, KV_SPLIT warps per row group)."""
-    if split:
-        return (params["SPLIT_BLOCK_M"], params["SPLIT_BLOCK_N"], params["SPLIT_STAGES"],
-                params["SPLIT_BLOCK_M"] // 16 * params["KV_SPLIT"])
-    wide = head_dim == 128
-    m = params["BLOCK_M_D128"] if wide else params["BLOCK_M"]
-    return m, params["BLOCK_N"], params["STAGES_D128"] if wide else params["STAGES"], m // params["WARP_ROWS"]
-
-
-def p08_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
-    """p08's (warpgroups, BLOCK_N, CTAs per SM) for a head dim: D = 128 has its own defines."""
-    suffix = "_D128" if head_dim == 128 else ""
-    return params[f"WARPGROUPS{suffix}"], params[f"BLOCK_N{suffix}"], params[f"CTAS_PER_SM{suffix}"]
-
-
 def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> list[Buffer]:
     """The phase's SharedStorage, field by field in declaration order; tile_params override the
-    registry defaults. `split`: p07's key-split configuration (small problems)."""
-    params = _params(phase_name, tile_params)
-    if phase_name in ("p03_wmma", "p04_fp32p"):
-        m = n = 32
-        # p04 with P_FP32=1 keeps P as two fp16 planes, hi (P itself) and lo (the rounding error)
-        two_planes = phase_name == "p04_fp32p" and params["P_FP32"]
-        planes = ("P (fp16)", "P lo (fp16)") if two_planes else ("P (fp16)",)
-        return [*_tiles(m, n, head_dim), Buffer("S (fp32)", m, _pitch(n, 4), 4),
-                *(Buffer(name, m, _pitch(n, 2), 2) for name in planes), _accumulator(m, head_dim)]
-    if phase_name == "p05_tile64":
-        m, n = params["BLOCK_M"], params["BLOCK_N"]
-        # P (fp16) is written over S (fp32) in the same bytes: one buffer with two lives
-        return [*_tiles(m, n, head_dim), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
-                _accumulator(m, head_dim)]
-    if phase_name == "p06_async":
-        m, n, stages = params["BLOCK_M"], params["BLOCK_N"], params["STAGES"]
-        # K and V have one buffer per pipeline stage, and come last (see the kernel's PLANTED_BUG)
-        return [Buffer("Q tile", m, _pitch(head_dim, 2), 2), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
-                _accumulator(m, head_dim), Buffer("K tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2),
-                Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
-    if phase_name == "p07_registers":
-        m, n, stages, _ = p07_tiles(head_dim, params, split)
-        # S, P and O live in registers; rows are swizzled instead of padded. One Q buffer per stage:
-        # the next query tile's Q is copied while the last key tiles of this one are computed. The
-        # key-split merge reuses the K/V buffers (the kernel static_asserts that it fits).
-        # With OVERLAP_SOFTMAX the copies run one tile less ahead, and Q needs one buffer fewer.
-        q_buffers = stages - 1 if params["OVERLAP_SOFTMAX"] and not split else stages
-        return [Buffer("Q tiles (x STAGES)", q_buffers * m, head_dim, 2),
-                Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
-                Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
-    if phase_name == "p08_wgmma":
-        warpgroups, n, _ = p08_tiles(head_dim, params)
-        # 64 query rows per warpgroup, two buffers each for K and V, rows swizzled, not padded. The
-        # kernel asks for 1 KB more and rounds its base up: wgmma's 128-byte swizzle needs 1024-byte tiles.
-        return [Buffer("Q tile", 64 * warpgroups, head_dim, 2), Buffer("K tiles (x 2)", 2 * n, head_dim, 2),
-                Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
-    raise ValueError(f"no shared-memory layout for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
+    registry defaults (the H100's). `split`: the key-split configuration of a phase that has one."""
+    phase = get(phase_name)
+    if phase.smem_layout is None:
+        known = ", ".join(name for name, p in PHASES.items() if p.smem_layout)
+        raise ValueError(f"no shared-memory layout for {phase_name!r}: its __shared__ arrays are static, and "
+                         f"ptxas reports them (phases with a layout: {known})")
+    return phase.smem_layout(head_dim, _params(phase_name, tile_params), split)
 
 
 def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> int:
@@ -187,16 +115,29 @@ def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, 
 
 
 def threads_per_block(phase_name: str, tile_params: dict | None = None, head_dim: int = 64, split: bool = False) -> int:
-    params = _params(phase_name, tile_params)
-    if phase_name in ("p03_wmma", "p04_fp32p"):
-        return 4 * WARP
-    if phase_name in ("p05_tile64", "p06_async"):
-        return params["NUM_WARPS"] * WARP
-    if phase_name == "p07_registers":
-        return p07_tiles(head_dim, params, split)[3] * WARP
-    if phase_name == "p08_wgmma":
-        return p08_tiles(head_dim, params)[0] * 4 * WARP
-    raise ValueError(f"no block size for {phase_name!r} here (known: {', '.join(PHASES_WITH_LAYOUT)})")
+    return get(phase_name).threads(_params(phase_name, tile_params), head_dim, split)
+
+
+@dataclass(frozen=True)
+class Launch:
+    head_dim: int
+    split: bool
+    threads: int
+    smem_bytes: int         # dynamic shared memory; static __shared__ arrays are ptxas's to report
+
+
+def launches(phase_name: str, tile_params: dict | None = None) -> list[Launch]:
+    """Every block the phase can launch with these tile parameters: each head dim it declares, on each
+    of its paths (the key-split one included)."""
+    phase = get(phase_name)
+    return [Launch(head_dim, split, threads_per_block(phase_name, tile_params, head_dim, split),
+                   smem_bytes(phase_name, head_dim, tile_params, split) if phase.smem_layout else 0)
+            for head_dim in phase.head_dims for split in phase.splits]
+
+
+def smem_needed(phase_name: str, tile_params: dict | None = None) -> int:
+    """The most dynamic shared memory any of the phase's launches asks for: what a GPU must allow per block."""
+    return max(launch.smem_bytes for launch in launches(phase_name, tile_params))
 
 
 def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:

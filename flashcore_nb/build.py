@@ -37,7 +37,25 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v")
 
 
 class CompileError(RuntimeError):
-    """nvcc or ptxas rejected a kernel (for example a static_assert on tile sizes)."""
+    """nvcc or ptxas rejected a kernel, or this toolchain cannot build one for this torch."""
+
+
+class InvalidTilesError(CompileError):
+    """A static_assert rejected the tile parameters: the configuration is invalid, not the toolchain."""
+
+
+def compile_message(log: str) -> str:
+    """The static_assert text the compiler printed, or the first error line."""
+    found = re.search(r'static assertion failed with "([^"]+)"', log)
+    if found:
+        return found.group(1)
+    errors = [line.strip() for line in log.splitlines() if "error" in line]
+    return errors[0] if errors else log.strip().splitlines()[-1]
+
+
+def _compile_error(message: str, log: str) -> CompileError:
+    kind = InvalidTilesError if "static assertion failed" in log else CompileError
+    return kind(f"{message}\n{log}")
 
 
 # --- sources and hashes -------------------------------------------------------------------------
@@ -123,7 +141,7 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
         proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise CompileError(f"nvcc failed for sm_{cc}:\n{log}")
+        raise _compile_error(f"nvcc failed for sm_{cc}:", log)
     return parse_ptxas(log)
 
 
@@ -171,6 +189,10 @@ def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool 
         stats = PtxasStats(**json.loads(stats_file.read_text()))
         built = Built(module, name, stats, time.perf_counter() - start, cached=True)
     else:
+        # torch's JIT builder does not compare the two itself: a mismatch would fail late and obscurely
+        mismatch = env.cuda_mismatch()
+        if mismatch:
+            raise CompileError(mismatch)
         # A build interrupted before its stats were written: start clean, or ninja would find the
         # objects up to date and print no ptxas report.
         shutil.rmtree(directory, ignore_errors=True)
@@ -212,7 +234,7 @@ def _compile(phase_name, name, directory, cc, tile_params, progress):
             )
     except Exception as error:
         log = log_file.read_text() if log_file.exists() else ""
-        raise CompileError(f"{label} failed: {error}\n{log[-6000:]}") from None
+        raise _compile_error(f"{label} failed: {error}", log[-6000:]) from None
     return module, log_file.read_text()
 
 

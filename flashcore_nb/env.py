@@ -91,12 +91,30 @@ def nvcc_version() -> str | None:
 
 
 def nvcc_path() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    candidate = os.path.join(home, "bin", "nvcc")
-    return candidate if os.path.exists(candidate) else None
+    """The nvcc torch's extension builder uses: $CUDA_HOME's (or $CUDA_PATH's), else the one on PATH,
+    else /usr/local/cuda's; any of them, in that order, for compile-only builds."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [os.path.join(home, "bin", "nvcc") if home else None, shutil.which("nvcc"),
+                  "/usr/local/cuda/bin/nvcc"]
+    return next((path for path in candidates if path and os.path.exists(path)), None)
+
+
+def cuda_mismatch() -> str | None:
+    """Why nvcc cannot build kernels that this torch loads (none, or another CUDA major version), or
+    None when it can. A CPU-only torch builds nothing, so compile-only use of nvcc never mismatches."""
+    if torch.version.cuda is None:
+        return None
+    wanted = torch.version.cuda.split(".")[0]
+    fix = (f"install a CUDA {wanted}.x toolkit and put its nvcc first on PATH or set CUDA_HOME to it "
+           f"(or install a torch built for the CUDA you have)")
+    found = nvcc_version()
+    if found is None:
+        return f"nvcc not found: torch {torch.__version__} compiles the kernels with nvcc; {fix}"
+    if found.split(".")[0] != wanted:
+        return (f"nvcc {found} ({nvcc_path()}) is CUDA {found.split('.')[0]}, but torch {torch.__version__} was built "
+                f"with CUDA {torch.version.cuda}, and torch builds extensions only with its own CUDA major version; "
+                f"{fix}")
+    return None
 
 
 def environment() -> dict:
@@ -126,4 +144,7 @@ def describe() -> str:
         lines.append("GPU: none visible; pages show results recorded on a real GPU")
     nvcc = nvcc_version()
     lines.append(f"nvcc: {nvcc}" if nvcc else "nvcc: not found (ptxas stats come from the records)")
+    mismatch = cuda_mismatch() if info else None
+    if mismatch:
+        lines.append(f"cannot compile live: {mismatch}")
     return "\n".join(lines)

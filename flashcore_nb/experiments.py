@@ -10,65 +10,33 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from . import build, env, results, shapes
 from .paths import RESULTS_DIR
-from .phases import get
+from .phases import PHASES, get
 
 SCHEMA_VERSION = 1
 
-# Chapter 4: one kernel file, one variable changed at a time.
-PRECISION_PHASE = "p04_fp32p"
-PRECISION_VARIANTS = {
-    "FP16 P": {"P_FP32": 0, "PADDING_BUG": 0},
-    "FP32 P": {"P_FP32": 1, "PADDING_BUG": 0},
-    "padding bug (teaching)": {"P_FP32": 0, "PADDING_BUG": 1},
-}
+# Chapter 4: one kernel file, one variable changed at a time (the variants its phase tags "precision").
+PRECISION_PHASE = next(name for name, phase in PHASES.items() if phase.variants_tagged("precision"))
+PRECISION_VARIANTS = get(PRECISION_PHASE).variants_tagged("precision")
+PRECISION_RECORD = "p04_precision"
 PRECISION_SEEDS = (0, 1)
 
-# Chapter 5: the tile-size grid, and the problems every configuration is checked and timed on.
-SWEEP_GRIDS = {
-    "p05_tile64": {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64, 128], "NUM_WARPS": [2, 4, 8, 16]},
-    "p06_async": {"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "NUM_WARPS": [4, 8, 16], "STAGES": [1, 2, 3]},
-}
+# Chapters 5 and 6: each phase's tile-size grid, and the problems every configuration is checked and timed on.
+SWEEP_GRIDS = {name: phase.sweep_grid for name, phase in PHASES.items() if phase.sweep_grid}
 # Head dim 64 only: the sweep answers "which tiles for the mission shape"; budget.py says where D = 128 fits.
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
 SWEEP_TIMING_CASES = ("mission", "b4h16_s2048")
 
-# Chapters 7 and 8: each technique changed alone from the phase's defaults, checked (p07's small cases
-# take its key-split path, the large ones its large-tile path) and timed on every timing case.
-ABLATIONS = {
-    "p07_registers": {
-        "defaults": {},
-        "no swizzle": {"SWIZZLE": 0},
-        "16 rows per warp": {"WARP_ROWS": 16},
-        "Q re-read every tile (D=64)": {"Q_IN_REGS_MAX_D": 0},
-        "1 stage, FA2 schedule (D=64)": {"STAGES": 1},
-        "3 stages (D=64)": {"STAGES": 3},
-        "2 stages (D=128)": {"STAGES_D128": 2},
-        "256-row tiles (D=128)": {"BLOCK_M_D128": 256},
-        "mask every tile": {"SEPARATE_MASKED_TILES": 0},
-        "exp, scale not folded": {"FOLD_LOG2E": 0},
-        "rescale O every tile": {"LAZY_RESCALE": 0},
-        "one CTA per query tile": {"PERSISTENT": 0},
-        "32-key tiles": {"BLOCK_N": 32},
-        "32-key tiles, softmax beside next Q·Kᵀ": {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1},
-        "no key-split path": {"SMALL_PROBLEM_CTAS": 0},
-    },
-    "p08_wgmma": {
-        "defaults": {},
-        "softmax under its own P·V (FA3 overlap)": {"OVERLAP": 1},
-        "128-key tiles, one CTA per SM (D=64)": {"BLOCK_N": 128, "CTAS_PER_SM": 1},
-        "one warpgroup per CTA": {"WARPGROUPS": 1, "CTAS_PER_SM": 4, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64,
-                                  "CTAS_PER_SM_D128": 2},
-        "three warpgroups per CTA (D=64)": {"WARPGROUPS": 3, "CTAS_PER_SM": 1},
-        "64-key tiles (D=128)": {"BLOCK_N_D128": 64},
-    },
-}
+# Chapters 7 and 8: each technique changed alone from the phase's defaults (the variants tagged
+# "ablation"), checked (p07's small cases take its key-split path, the large ones its large-tile path)
+# and timed on every timing case.
+ABLATIONS = {name: phase.variants_tagged("ablation") for name, phase in PHASES.items()
+             if phase.variants_tagged("ablation")}
 ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")
 ABLATION_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
 
@@ -84,7 +52,10 @@ def sweep_name(phase_name: str) -> str:
 def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict]) -> dict:
     """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured.
     A measurement of the GPU alone (peaks.py) names no phase and no builds, so it never goes stale."""
-    builds = {label: {**get(phase_name).tile_params, **params} for label, params in builds.items()}
+    stamp = results.stamp()
+    # the defaults load() merged in on the GPU the record is made on
+    defaults = get(phase_name).tile_params_for(stamp["env"]["cc"]) if builds else {}
+    builds = {label: {**defaults, **params} for label, params in builds.items()}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
@@ -92,7 +63,7 @@ def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows
         "builds": {label: {"tile_params": params,
                            "kernel_sha256": build.kernel_sha256(get(phase_name).kernel_file, params)}
                    for label, params in builds.items()},
-        **results.stamp(),
+        **stamp,
         "rows": rows,
     }
 
@@ -151,7 +122,7 @@ def run_precision(cases: list[shapes.Case]) -> list[dict]:
 
 def record_precision(cases: list[shapes.Case]) -> Path:
     rows = run_precision(cases)
-    return write(make_record("p04_precision", PRECISION_PHASE, PRECISION_VARIANTS, rows))
+    return write(make_record(PRECISION_RECORD, PRECISION_PHASE, PRECISION_VARIANTS, rows))
 
 
 def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
@@ -159,7 +130,7 @@ def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, s
     if env.mode() == "live":
         rows = run_precision(shapes.CORRECTNESS)
         return pd.DataFrame(rows), results.environment_line(env.environment(), "measured live on")
-    record = load("p04_precision", gpu_slug)
+    record = load(PRECISION_RECORD, gpu_slug)
     return pd.DataFrame(record["rows"]), provenance(record)
 
 
@@ -183,15 +154,6 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def compile_message(log: str) -> str:
-    """The static_assert text the compiler printed, or the first error line."""
-    found = re.search(r'static assertion failed with "([^"]+)"', log)
-    if found:
-        return found.group(1)
-    errors = [line.strip() for line in log.splitlines() if "error" in line]
-    return errors[0] if errors else log.strip().splitlines()[-1]
-
-
 def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
     """Compile every configuration in parallel worker processes (the compiler is single-threaded);
     returns label -> compiler message for those that do not compile."""
@@ -205,7 +167,7 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
     workers = max(1, min(len(builds), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, p) for p in builds.values()])))
-    return {label: compile_message(outcomes[build]) for label, build in build_of.items() if outcomes[build]}
+    return {label: build.compile_message(outcomes[key]) for label, key in build_of.items() if outcomes[key]}
 
 
 EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)

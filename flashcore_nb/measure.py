@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from . import env, results, shapes
+from . import budget, env, results, shapes
 from .paths import RESULTS_DIR
 from .phases import get
 
@@ -54,24 +54,37 @@ def collect_runs(fn, correctness, timing) -> list[dict]:
 
 
 def phase_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> Measurement:
-    """Live: compile, check and time the phase now. Replay (or a live GPU too old for the phase, which
-    is said beside the numbers): the record for `gpu_slug`."""
-    cannot_run = env.mode() == "live" and not get(phase_name).runs_on(env.gpu().cc)
-    if env.mode() == "live" and not cannot_run:
+    """Live: compile, check and time the phase now. Replay, or live on a GPU that cannot run the phase
+    (too old, or too little shared memory for its default tiles; said beside the numbers): the record
+    for `gpu_slug`."""
+    phase = get(phase_name)
+    cannot_run = None
+    if env.mode() == "live":
         from .bench import matmul_tflops
-        from .binding import load
-        fn = load(phase_name)
-        runs = collect_runs(fn, shapes.CORRECTNESS, shapes.TIMING)
-        line = results.environment_line(env.environment(), "measured live on")
-        return Measurement(pd.DataFrame(runs), matmul_tflops(), line, None)
+        from .binding import SharedMemoryError, check_shared_memory, load
+        from .build import InvalidTilesError, compile_message
+        gpu = env.gpu()
+        if not phase.runs_on(gpu.cc):
+            cannot_run = f"cannot run {phase_name} (needs {phase.requirement})"
+        else:
+            try:
+                # up front: the binding would refuse only the first case that does not fit, minutes in
+                check_shared_memory(phase, budget.smem_needed(phase_name, phase.tile_params_for(gpu.cc)), gpu)
+                runs = collect_runs(load(phase_name), shapes.CORRECTNESS, shapes.TIMING)
+            except SharedMemoryError as error:
+                cannot_run = f"cannot run {phase_name} with its default tiles ({error})"
+            except InvalidTilesError as error:
+                cannot_run = f"cannot build {phase_name} with its default tiles ({compile_message(str(error))})"
+            else:
+                line = results.environment_line(env.environment(), "measured live on")
+                return Measurement(pd.DataFrame(runs), matmul_tflops(), line, None)
     record = results.load(phase_name, gpu_slug)
     if record is None:
         raise FileNotFoundError(f"no recorded results for {phase_name} on {gpu_slug}; record them on a GPU "
                                 f"with `python -m flashcore_nb record --phase {phase_name}`")
     line = results.provenance(record)
     if cannot_run:
-        line = (f"{env.gpu().name} (sm_{env.gpu().cc}) cannot run {phase_name} (needs {get(phase_name).requirement}); "
-                f"showing the record: {line}")
+        line = f"{gpu.name} (sm_{gpu.cc}) {cannot_run}; showing the record: {line}"
     return Measurement(pd.DataFrame(record["runs"]), record["matmul_tflops"], line, record)
 
 

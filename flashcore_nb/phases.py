@@ -1,16 +1,78 @@
-"""The ordered registry of phases: which kernel file, what it supports, its default tile sizes."""
+"""The ordered registry of phases: everything the package knows about a phase, in one entry.
+
+An entry names the kernel file and what it supports, its tile defaults (per GPU where the H100's do
+not fit), its shared-memory layout and block size, its variants (ablation, sanitizer and GPU-test
+builds), its sweep grid and its kernel's name. The generic modules (budget, experiments, sanitize,
+profile, tables, widgets) and the tests iterate over PHASES; none of them names a phase.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .paths import KERNELS_DIR
 
+WARP = 32
+
+
+# --- shared memory, buffer by buffer --------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Buffer:
+    name: str
+    rows: int
+    pitch: int              # elements per row, padding included
+    element_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.pitch * self.element_bytes
+
+
+def _pitch(cols: int, element_bytes: int) -> int:
+    # Every padded kernel pads each row by 16 bytes against bank conflicts: kPitch<kCols, T> = kCols + 16 / sizeof(T)
+    return cols + 16 // element_bytes
+
+
+def _tiles(block_m: int, block_n: int, head_dim: int) -> list[Buffer]:
+    return [Buffer(name, rows, _pitch(head_dim, 2), 2)
+            for name, rows in (("Q tile", block_m), ("K tile", block_n), ("V tile", block_n))]
+
+
+def _accumulator(block_m: int, head_dim: int) -> Buffer:
+    return Buffer("O accumulator (fp32)", block_m, _pitch(head_dim, 4), 4)
+
+
+# --- variants -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    """The phase built with other -D defines (over its defaults). Tags say what the build is for:
+    "ablation": a row of the chapter's ablation record, in list order (the label is the record's);
+    "precision": a row of chapter 4's precision experiment (the label is the record's);
+    "sanitize": an extra compute-sanitizer target beside the defaults;
+    "test": the GPU suite checks it on the whole shape suite (it must be correct)."""
+    label: str
+    defines: dict
+    tags: frozenset[str]
+
+
+def variant(label: str, defines: dict, *tags: str) -> Variant:
+    return Variant(label, defines, frozenset(tags))
+
+
+# --- the phase ------------------------------------------------------------------------------------
+
+Layout = Callable[[int, dict, bool], list[Buffer]]    # (head_dim, tile params, split) -> SharedStorage fields
+Threads = Callable[[dict, int, bool], int]           # (tile params, head_dim, split) -> threads per block
+
+
+@dataclass(frozen=True, kw_only=True)
 class Phase:
     name: str                         # pNN_<slug>: the kernel file's stem and the results file's
     title: str
     notebook: str                     # chapter notebook stem in notebooks/
+    kernel_name: str                  # the __global__ function: what Nsight Compute's --kernel-name matches
     archs: tuple[int, ...]            # compute capabilities CI compiles for (ptxas stats per arch)
     min_cc: int                       # oldest GPU the kernel runs on
     arch_specific: bool = False       # uses one arch's own instructions (sm_90a: wgmma): runs on `archs` only
@@ -22,6 +84,14 @@ class Phase:
     tile_params: dict = field(default_factory=dict)  # -D defines, overridable at load(); the H100's
     arch_tile_params: dict = field(default_factory=dict)  # compute capability -> defines that differ there
     spill_budget_bytes: int = 0       # local-memory spill ptxas may report for the defaults (said why below)
+    threads: Threads                  # threads per block
+    smem_layout: Layout | None = None  # its dynamic SharedStorage, field by field; None: static __shared__ only
+    key_split: bool = False           # small problems take a key-split path with its own tiles (split=True)
+    # defines under which the host code picks the key-split path for small problems without asking a GPU
+    # (by default it compares the grid with the SM count): how a CPU test reads that path's sizes
+    split_defines: dict = field(default_factory=dict)
+    variants: tuple[Variant, ...] = ()
+    sweep_grid: dict | None = None    # define -> values: the recorded tile-size sweep (every combination)
 
     @property
     def kernel_file(self):
@@ -48,38 +118,128 @@ class Phase:
         # bf16 arithmetic needs sm_80 (T4 has none)
         return dtype in self.dtypes and (dtype != "bfloat16" or cc >= 80)
 
+    @property
+    def splits(self) -> tuple[bool, ...]:
+        """The `split` values of its launch paths: the large-problem path, and the key-split one if it has it."""
+        return (False, True) if self.key_split else (False,)
+
+    def variants_tagged(self, tag: str) -> dict[str, dict]:
+        """label -> defines of the variants with this tag, in registry order."""
+        return {v.label: v.defines for v in self.variants if tag in v.tags}
+
+
+# --- per-phase tile arithmetic (the kernels' own, mirrored) ---------------------------------------
+
+def _wmma_32x32_layout(head_dim: int, p_planes: tuple[str, ...]) -> list[Buffer]:
+    return [*_tiles(32, 32, head_dim), Buffer("S (fp32)", 32, _pitch(32, 4), 4),
+            *(Buffer(name, 32, _pitch(32, 2), 2) for name in p_planes), _accumulator(32, head_dim)]
+
+
+def _p03_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    return _wmma_32x32_layout(head_dim, ("P (fp16)",))
+
+
+def _p04_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    # with P_FP32=1, P is kept as two fp16 planes, hi (P itself) and lo (the rounding error)
+    return _wmma_32x32_layout(head_dim, ("P (fp16)", "P lo (fp16)") if params["P_FP32"] else ("P (fp16)",))
+
+
+def _p05_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    m, n = params["BLOCK_M"], params["BLOCK_N"]
+    # P (fp16) is written over S (fp32) in the same bytes: one buffer with two lives
+    return [*_tiles(m, n, head_dim), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4), _accumulator(m, head_dim)]
+
+
+def _p06_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    m, n, stages = params["BLOCK_M"], params["BLOCK_N"], params["STAGES"]
+    # K and V have one buffer per pipeline stage, and come last (see the kernel's PLANTED_BUG)
+    return [Buffer("Q tile", m, _pitch(head_dim, 2), 2), Buffer("S then P (fp32 / fp16)", m, _pitch(n, 4), 4),
+            _accumulator(m, head_dim), Buffer("K tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2),
+            Buffer("V tiles (x STAGES)", stages * n, _pitch(head_dim, 2), 2)]
+
+
+def p07_tiles(head_dim: int, params: dict, split: bool) -> tuple[int, int, int, int]:
+    """p07's (BLOCK_M, BLOCK_N, STAGES, warps) for a head dim: the large-problem configuration, or
+    the key-split one small problems take (16 rows per warp, KV_SPLIT warps per row group)."""
+    if split:
+        return (params["SPLIT_BLOCK_M"], params["SPLIT_BLOCK_N"], params["SPLIT_STAGES"],
+                params["SPLIT_BLOCK_M"] // 16 * params["KV_SPLIT"])
+    wide = head_dim == 128
+    m = params["BLOCK_M_D128"] if wide else params["BLOCK_M"]
+    return m, params["BLOCK_N"], params["STAGES_D128"] if wide else params["STAGES"], m // params["WARP_ROWS"]
+
+
+def _p07_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    m, n, stages, _ = p07_tiles(head_dim, params, split)
+    # S, P and O live in registers; rows are swizzled instead of padded. One Q buffer per stage:
+    # the next query tile's Q is copied while the last key tiles of this one are computed. The
+    # key-split merge reuses the K/V buffers (the kernel static_asserts that it fits).
+    # With OVERLAP_SOFTMAX the copies run one tile less ahead, and Q needs one buffer fewer.
+    q_buffers = stages - 1 if params["OVERLAP_SOFTMAX"] and not split else stages
+    return [Buffer("Q tiles (x STAGES)", q_buffers * m, head_dim, 2),
+            Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
+            Buffer("V tiles (x STAGES)", stages * n, head_dim, 2)]
+
+
+def p08_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
+    """p08's (warpgroups, BLOCK_N, CTAs per SM) for a head dim: D = 128 has its own defines."""
+    suffix = "_D128" if head_dim == 128 else ""
+    return params[f"WARPGROUPS{suffix}"], params[f"BLOCK_N{suffix}"], params[f"CTAS_PER_SM{suffix}"]
+
+
+def _p08_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    warpgroups, n, _ = p08_tiles(head_dim, params)
+    # 64 query rows per warpgroup, two buffers each for K and V, rows swizzled, not padded. The
+    # kernel asks for 1 KB more and rounds its base up: wgmma's 128-byte swizzle needs 1024-byte tiles.
+    return [Buffer("Q tile", 64 * warpgroups, head_dim, 2), Buffer("K tiles (x 2)", 2 * n, head_dim, 2),
+            Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
+
+
+def _warps_define(params: dict, head_dim: int, split: bool) -> int:
+    return params["NUM_WARPS"] * WARP
+
+
+# --- the registry ---------------------------------------------------------------------------------
 
 _REGISTRY = [
     Phase(
         name="p01_baseline",
         title="Phase 1: the scalar baseline",
         notebook="01_baseline",
+        kernel_name="attention_row_kernel",
         archs=(75, 80, 89, 90),
         min_cc=75,
         tile_params={"NUM_THREADS": 128},
+        threads=lambda params, head_dim, split: params["NUM_THREADS"],
     ),
     Phase(
         name="p02_vectorized",
         title="Phase 2: vectorized loads and warp reductions",
         notebook="02_vectorized",
+        kernel_name="attention_rows_kernel",
         archs=(75, 80, 89, 90),
         min_cc=75,
         aligned_16b=True,
         tile_params={"NUM_WARPS": 8},
+        threads=_warps_define,
     ),
     Phase(
         name="p03_wmma",
         title="Phase 3: tensor cores with WMMA, 32x32 tiles",
         notebook="03_wmma",
+        kernel_name="attention_wmma_kernel",
         archs=(75, 80, 89, 90),
         min_cc=75,
         dtypes=("float16",),
         aligned_16b=True,
+        threads=lambda params, head_dim, split: 4 * WARP,
+        smem_layout=_p03_layout,
     ),
     Phase(
         name="p04_fp32p",
         title="Phase 4: FP32 P and the shared-memory budget",
         notebook="04_fp32p",
+        kernel_name="attention_fp32p_kernel",
         archs=(75, 80, 89, 90),
         min_cc=75,
         dtypes=("float16",),
@@ -87,32 +247,78 @@ _REGISTRY = [
         # P_FP32=0 rounds P to fp16 (phase 3's numerics); PADDING_BUG=1 builds the teaching variant
         # that reproduces the original project's padding bug — wrong on purpose.
         tile_params={"P_FP32": 1, "PADDING_BUG": 0},
+        threads=lambda params, head_dim, split: 4 * WARP,
+        smem_layout=_p04_layout,
+        variants=(
+            variant("FP16 P", {"P_FP32": 0, "PADDING_BUG": 0}, "precision", "test"),
+            variant("FP32 P", {"P_FP32": 1, "PADDING_BUG": 0}, "precision"),
+            variant("padding bug (teaching)", {"P_FP32": 0, "PADDING_BUG": 1}, "precision"),
+        ),
     ),
     Phase(
         name="p05_tile64",
         title="Phase 5: 64x64 tiles, buffer reuse, tile sizes as parameters",
         notebook="05_tile64",
+        kernel_name="attention_tiled_kernel",
         archs=(75, 80, 89, 90),
         min_cc=75,
         dtypes=("float16",),
         aligned_16b=True,
         tile_params={"BLOCK_M": 64, "BLOCK_N": 64, "NUM_WARPS": 8},
+        # One BLOCK_M x BLOCK_N serves both head dims, so on a GPU where 64x64 does not fit D = 128 the
+        # default is the configuration of the recorded H100 sweep (p05_tile64_sweep.json) fastest at the
+        # mission shape among those that fit D = 128 there. A100 (163 KB per block): 64x64 fits.
+        arch_tile_params={
+            75: {"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 16},   # T4, 64 KB: only 32x32 tiles fit D = 128
+            89: {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16},   # L4, 99 KB: 64x64 needs 101 KB at D = 128
+        },
+        threads=_warps_define,
+        smem_layout=_p05_layout,
+        variants=(
+            # rows per thread, threads per row and the warp loops each take another shape
+            variant("32x32 tiles, 4 warps", {"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 4}, "test"),
+            variant("128x64 tiles, 8 warps", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8}, "test"),
+            variant("64x128 tiles, 2 warps", {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 2}, "test"),
+            variant("32x64 tiles, 16 warps", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16}, "test"),
+            # 16 lanes per query row and one: the in-place S -> P hand-over and the warp loops take their other shapes
+            variant("32x128 tiles, 16 warps", {"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 16}, "sanitize"),
+            variant("128x64 tiles, 4 warps", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 4}, "sanitize"),
+        ),
+        sweep_grid={"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64, 128], "NUM_WARPS": [2, 4, 8, 16]},
     ),
     Phase(
         name="p06_async",
         title="Phase 6: the cp.async pipeline, and compute-sanitizer",
         notebook="06_async",
+        kernel_name="attention_async_kernel",
         archs=(80, 89, 90),
         min_cc=80,                # cp.async
         dtypes=("float16",),
         aligned_16b=True,
         # PLANTED_BUG=1 builds the teaching variant for the sanitizer section — wrong on purpose.
         tile_params={"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 8, "STAGES": 2, "PLANTED_BUG": 0},
+        # As for p05: where the H100's 177.5 KB at D = 128 does not fit, the configuration of the recorded
+        # H100 sweep (p06_async_sweep.json) fastest at the mission shape among those that fit D = 128 there.
+        # Both have one stage: on the L4 no two-stage configuration of the sweep fits D = 128, and on the
+        # A100 the fastest that fits (32x64, 16 warps) was slower.
+        arch_tile_params={
+            80: {"BLOCK_M": 32, "BLOCK_N": 128, "NUM_WARPS": 16, "STAGES": 1},  # A100, 163 KB
+            89: {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 1},   # L4, 99 KB: two stages need 101.5 KB
+        },
+        threads=_warps_define,
+        smem_layout=_p06_layout,
+        variants=(
+            variant("1 stage", {"STAGES": 1}, "sanitize"),
+            variant("32x64 tiles, 16 warps, 3 stages", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 3},
+                    "sanitize"),
+        ),
+        sweep_grid={"BLOCK_M": [32, 64], "BLOCK_N": [64, 128], "NUM_WARPS": [4, 8, 16], "STAGES": [1, 2, 3]},
     ),
     Phase(
         name="p07_registers",
         title="Phase 7: mma.sync, ldmatrix, swizzled shared memory: S and P in registers",
         notebook="07_registers",
+        kernel_name="attention_registers_kernel",
         archs=(80, 89, 90),
         min_cc=80,                # cp.async, bf16 mma.sync
         aligned_16b=True,
@@ -124,17 +330,71 @@ _REGISTRY = [
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
                      "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,
-        # so the key-split path takes one stage.
+        # so the key-split path takes one stage (144 KB at D = 128 with two).
         arch_tile_params={89: {"SPLIT_STAGES": 1}},
         # At D = 128, 32 rows per warp hold 128 O accumulators + 64 scores per lane: ptxas spills a
         # word or three (4 B on sm_90, 12 B on sm_80 and sm_89), and that still measured faster than every
         # spill-free tiling tried (chapter 7).
         spill_budget_bytes=32,
+        threads=lambda params, head_dim, split: p07_tiles(head_dim, params, split)[3] * WARP,
+        smem_layout=_p07_layout,
+        key_split=True,
+        split_defines={"SMALL_PROBLEM_CTAS": 1000},
+        variants=(
+            # Chapter 7's ablation: each technique changed alone from the defaults.
+            variant("defaults", {}, "ablation"),
+            variant("no swizzle", {"SWIZZLE": 0}, "ablation"),
+            variant("16 rows per warp", {"WARP_ROWS": 16}, "ablation"),
+            variant("Q re-read every tile (D=64)", {"Q_IN_REGS_MAX_D": 0}, "ablation"),
+            variant("1 stage, FA2 schedule (D=64)", {"STAGES": 1}, "ablation"),
+            variant("3 stages (D=64)", {"STAGES": 3}, "ablation"),
+            variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
+            variant("256-row tiles (D=128)", {"BLOCK_M_D128": 256}, "ablation"),
+            variant("mask every tile", {"SEPARATE_MASKED_TILES": 0}, "ablation"),
+            variant("exp, scale not folded", {"FOLD_LOG2E": 0}, "ablation"),
+            variant("rescale O every tile", {"LAZY_RESCALE": 0}, "ablation"),
+            variant("one CTA per query tile", {"PERSISTENT": 0}, "ablation"),
+            variant("32-key tiles", {"BLOCK_N": 32}, "ablation"),
+            variant("32-key tiles, softmax beside next Q·Kᵀ",
+                    {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1}, "ablation"),
+            # the large-tile path on the small shapes of the suite
+            variant("no key-split path", {"SMALL_PROBLEM_CTAS": 0}, "ablation", "test"),
+            # A few persistent CTAs make every CTA cross many query tiles even on small problems: the
+            # large-tile path with both pipelines and the overlap; other splits and stage counts; every
+            # ablation switch at once (each must change the speed, never the result).
+            variant("3 persistent CTAs", {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3}, "test"),
+            variant("5 persistent CTAs, 1 stage, 256-row 2-stage tiles at D=128",
+                    {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 5, "STAGES": 1, "BLOCK_M_D128": 256,
+                     "STAGES_D128": 2}, "test"),
+            variant("4 persistent CTAs, 16 rows per warp, 3 stages, Q in registers at D=128",
+                    {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 4, "WARP_ROWS": 16, "STAGES": 3,
+                     "Q_IN_REGS_MAX_D": 128}, "test"),
+            variant("3 persistent CTAs, 32-key tiles, softmax overlap",
+                    {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
+                     "STAGES_D128": 3}, "test"),
+            variant("key split everywhere, 2 ways, 16 rows, 1 stage",
+                    {"SMALL_PROBLEM_CTAS": 1 << 30, "KV_SPLIT": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1}, "test"),
+            variant("every ablation switch off",
+                    {"SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0, "LAZY_RESCALE": 0}, "test"),
+            variant("every ablation switch off, large tiles, one CTA per query tile",
+                    {"SMALL_PROBLEM_CTAS": 0, "SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0,
+                     "LAZY_RESCALE": 0, "PERSISTENT": 0}, "test"),
+            # Under the sanitizer (whose small cases otherwise take the key-split path): the large-tile path
+            # with both pipelines and the overlap, on one persistent CTA that crosses every query tile.
+            variant("large tiles, 1 persistent CTA", {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 1}, "sanitize"),
+            variant("large tiles, 1 persistent CTA, 1 stage, 256-row 2-stage tiles at D=128",
+                    {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 1, "STAGES": 1, "BLOCK_M_D128": 256,
+                     "STAGES_D128": 2}, "sanitize"),
+            variant("large tiles, 1 persistent CTA, softmax overlap",
+                    {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 1, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32,
+                     "STAGES": 3, "STAGES_D128": 3}, "sanitize"),
+        ),
     ),
     Phase(
         name="p08_wgmma",
         title="Phase 8: Hopper's warpgroup MMA (wgmma)",
         notebook="08_wgmma",
+        kernel_name="attention_wgmma_kernel",
         archs=(90,),
         min_cc=90,
         arch_specific=True,       # wgmma.mma_async: sm_90a, Hopper only
@@ -142,6 +402,29 @@ _REGISTRY = [
         # Defaults from the H100 runs of chapter 8: two CTAs of 2 x 64 rows per SM at D = 64, one at D = 128.
         tile_params={"WARPGROUPS": 2, "BLOCK_N": 64, "CTAS_PER_SM": 2,
                      "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0},
+        threads=lambda params, head_dim, split: p08_tiles(head_dim, params)[0] * 4 * WARP,
+        smem_layout=_p08_layout,
+        variants=(
+            # Chapter 8's ablation; the overlap must also be correct and race-free.
+            variant("defaults", {}, "ablation"),
+            variant("softmax under its own P·V (FA3 overlap)", {"OVERLAP": 1}, "ablation", "test", "sanitize"),
+            variant("128-key tiles, one CTA per SM (D=64)", {"BLOCK_N": 128, "CTAS_PER_SM": 1}, "ablation"),
+            variant("one warpgroup per CTA", {"WARPGROUPS": 1, "CTAS_PER_SM": 4, "WARPGROUPS_D128": 1,
+                                              "BLOCK_N_D128": 64, "CTAS_PER_SM_D128": 2}, "ablation"),
+            variant("three warpgroups per CTA (D=64)", {"WARPGROUPS": 3, "CTAS_PER_SM": 1}, "ablation"),
+            variant("64-key tiles (D=128)", {"BLOCK_N_D128": 64}, "ablation"),
+            # the other tile shapes: one and three warpgroups, wider key tiles, two CTAs per SM at D = 128
+            variant("one warpgroup, 128-key tiles; two CTAs per SM at D=128",
+                    {"WARPGROUPS": 1, "BLOCK_N": 128, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64,
+                     "CTAS_PER_SM_D128": 2}, "test"),
+            variant("three warpgroups, 192-key tiles, overlap",
+                    {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "OVERLAP": 1}, "test"),
+            variant("256-key tiles; three warpgroups at D=128",
+                    {"BLOCK_N": 256, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 3, "BLOCK_N_D128": 64}, "test"),
+            variant("three warpgroups, 192-key tiles; one at D=128",
+                    {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64},
+                    "sanitize"),
+        ),
     ),
 ]
 

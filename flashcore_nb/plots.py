@@ -1,6 +1,8 @@
 """Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, the roofline, shared-memory budgets."""
 from __future__ import annotations
 
+import itertools
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
@@ -19,6 +21,17 @@ BUFFER_COLORS = {"Q tile": "#1f77b4", "K tile": "#ff7f0e", "V tile": "#2ca02c", 
                  "O accumulator (fp32)": "#8c564b", "K tiles (x STAGES)": "#ffbb78", "V tiles (x STAGES)": "#98df8a",
                  "Q tiles (x STAGES)": "#aec7e8", "K tiles (x 2)": "#ffbb78", "V tiles (x 2)": "#98df8a",
                  "alignment slack": "#c7c7c7"}
+# A buffer name not above (a new phase's) takes the next of these, in order of first appearance in a figure.
+SPARE_BUFFER_COLORS = ("#17becf", "#bcbd22", "#9edae5", "#dbdb8d", "#f7b6d2", "#7f7f7f")
+
+
+def buffer_colors(names) -> dict[str, str]:
+    """name -> colour for these buffers: the book's fixed colour where there is one, else a spare;
+    in BUFFER_COLORS order, then the others in the order met."""
+    names = list(dict.fromkeys(names))
+    spare = [name for name in names if name not in BUFFER_COLORS]
+    return {**{name: color for name, color in BUFFER_COLORS.items() if name in names},
+            **dict(zip(spare, itertools.cycle(SPARE_BUFFER_COLORS)))}
 
 
 def speed(runs: pd.DataFrame, label: str, provenance: str):
@@ -193,13 +206,15 @@ def smem_budget(configs, gpus=tuple(budget.GPUS.values())):
     trailing items are ignored, so the occupancy table's configs work too), against the 48 KB static
     limit and each GPU's opt-in limit per block."""
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(configs) + 1.8))
-    labels, totals, drawn = [], [], set()
-    for y, (label, phase_name, head_dim, tile_params, *_) in enumerate(configs):
+    layouts = [budget.smem_buffers(phase_name, head_dim, tile_params)
+               for _, phase_name, head_dim, tile_params, *_ in configs]
+    colors = buffer_colors(buffer.name for layout in layouts for buffer in layout)
+    labels, totals = [], []
+    for y, ((label, *_), layout) in enumerate(zip(configs, layouts)):
         left = 0.0
-        for buffer in budget.smem_buffers(phase_name, head_dim, tile_params):
+        for buffer in layout:
             kb = buffer.bytes / 1024
-            ax.barh(y, kb, left=left, color=BUFFER_COLORS[buffer.name], edgecolor="white")
-            drawn.add(buffer.name)
+            ax.barh(y, kb, left=left, color=colors[buffer.name], edgecolor="white")
             left += kb
         ax.text(left, y, f" {left:.1f} KB", va="center", fontsize=8)
         labels.append(label)
@@ -216,7 +231,7 @@ def smem_budget(configs, gpus=tuple(budget.GPUS.values())):
     ax.invert_yaxis()
     ax.set_xlabel("shared memory per CTA (KB); dotted: the most one block may opt in to on each GPU")
     # legend in the fixed buffer order, whatever order the configs met them in
-    handles = [Patch(color=color, label=name) for name, color in BUFFER_COLORS.items() if name in drawn]
+    handles = [Patch(color=color, label=name) for name, color in colors.items()]
     handles.append(Line2D([], [], label="static __shared__ limit (48 KB)", **static))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()

@@ -1,10 +1,11 @@
-"""Nsight Compute over p07: where the register-resident kernel's time goes (chapter 7).
+"""Nsight Compute over a phase's kernel: where its time goes (chapter 7 profiles p07, the default).
 
-`python -m flashcore_nb profile` runs p07's default build under `ncu` on each large timing case and
-records the counters that explain where it levels off: how busy the tensor pipe and the issue slots
-are, how many warps each scheduler holds and how many of them are ready to issue, and what the others
-wait for. The stall reasons are in cycles per issued instruction; they add up to the cycles between
-two instructions of one warp. The profiled program is `python -m flashcore_nb.profile CASE`.
+`python -m flashcore_nb profile` runs the phase's default build under `ncu` on each large timing case
+(its kernel only, by the registry's kernel name) and records the counters that explain where it levels
+off: how busy the tensor pipe and the issue slots are, how many warps each scheduler holds and how
+many of them are ready to issue, and what the others wait for. The stall reasons are in cycles per
+issued instruction; they add up to the cycles between two instructions of one warp. The profiled
+program is `python -m flashcore_nb.profile PHASE CASE`.
 
 A kernel under the profiler runs alone, once, with the clocks left as they are: its duration is not a
 benchmark number (those come from graph replay beside SDPA); the proportions are what this records."""
@@ -21,9 +22,9 @@ import pandas as pd
 
 from . import results
 from .paths import ROOT
+from .phases import get
 
-PHASE = "p07_registers"
-NAME = f"{PHASE}_profile"
+PHASE = "p07_registers"   # chapter 7's profile, what the CLI records
 CASES = ("b16h16_s512", "b4h16_s2048", "b4h16_s2048_causal", "b2h16_s4096_d128")
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "SchedulerStats", "WarpStateStats", "Occupancy",
             "LaunchStats")
@@ -52,11 +53,15 @@ STALL_LABELS = {
 LAUNCHES_SKIPPED = 2   # the profiled program's warm-up launches
 
 
-def command(case_name: str) -> list[str]:
+def record_name(phase_name: str) -> str:
+    return f"{phase_name}_profile"
+
+
+def command(case_name: str, phase_name: str = PHASE) -> list[str]:
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return ["ncu", "--clock-control", "none", *sections, "--print-units", "base", "--csv", "--page", "raw",
-            "--kernel-name", "regex:attention_registers", "--launch-skip", str(LAUNCHES_SKIPPED),
-            "--launch-count", "1", sys.executable, "-m", "flashcore_nb.profile", case_name]
+            "--kernel-name", f"regex:{get(phase_name).kernel_name}", "--launch-skip", str(LAUNCHES_SKIPPED),
+            "--launch-count", "1", sys.executable, "-m", "flashcore_nb.profile", phase_name, case_name]
 
 
 def parse(text: str) -> dict:
@@ -80,25 +85,25 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))   # ncu groups thousands
 
 
-def profile_case(case_name: str) -> dict:
-    proc = subprocess.run(command(case_name), capture_output=True, text=True, cwd=ROOT, timeout=900,
+def profile_case(case_name: str, phase_name: str = PHASE) -> dict:
+    proc = subprocess.run(command(case_name, phase_name), capture_output=True, text=True, cwd=ROOT, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed on {case_name} (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
     return {"case": case_name, **parse(proc.stdout)}
 
 
-def record() -> Path:
+def record(phase_name: str = PHASE) -> Path:
     from . import experiments
-    rows = [profile_case(case_name) for case_name in CASES]
-    return experiments.write(experiments.make_record(NAME, PHASE, {"defaults": {}}, rows))
+    rows = [profile_case(case_name, phase_name) for case_name in CASES]
+    return experiments.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
 
 
-def runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
+def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     """The recorded profile, a row per case, stall reasons as columns (cycles per issued instruction);
     reasons without a label of their own are summed as "other"."""
     from . import experiments
-    recorded = experiments.load(NAME, gpu_slug)
+    recorded = experiments.load(record_name(phase_name), gpu_slug)
     rows = []
     for row in recorded["rows"]:
         stalls = dict(row["stalls"])
@@ -109,7 +114,7 @@ def runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     return pd.DataFrame(rows), experiments.provenance(recorded)
 
 
-def main(case_name: str) -> int:
+def main(phase_name: str, case_name: str) -> int:
     """The profiled program: the case's launches, the first LAUNCHES_SKIPPED of them warm-ups."""
     import torch
 
@@ -117,7 +122,7 @@ def main(case_name: str) -> int:
     from .binding import load
     from .check import make_inputs
     case = shapes.select(case_name)[0]
-    fn = load(PHASE)
+    fn = load(phase_name)
     q, k, v = make_inputs(case, torch.float16, seed=1)
     for _ in range(LAUNCHES_SKIPPED + 1):
         fn(q, k, v, causal=case.causal)
@@ -126,4 +131,4 @@ def main(case_name: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

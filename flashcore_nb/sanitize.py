@@ -18,22 +18,17 @@ CASES = [Case("s17", 1, 2, 17, 64), Case("s40_causal_d128", 1, 2, 40, 128, causa
          Case("sq_lt_sk", 1, 1, 9, 64, seqlen_k=33), Case("s150_causal", 1, 1, 150, 64, causal=True)]
 TOLERANCE = 2e-3  # fp16 output of values of magnitude ~1
 
-# Beyond each phase's defaults: p05 with 16 lanes per query row and with one, where the in-place
-# S -> P hand-over and the warp loops take their other shapes; p06 with 1 and 3 stages; p07's
-# large-tile path (these small cases otherwise take its key-split path) with both pipelines and the
-# overlap, on one persistent CTA that crosses every query tile of a case; p08 with its overlap, and
-# with three warpgroups and one.
-EXTRA_TARGETS = ["p05_tile64:BLOCK_M=32,BLOCK_N=128,NUM_WARPS=16", "p05_tile64:BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4",
-                 "p06_async:STAGES=1", "p06_async:BLOCK_M=32,BLOCK_N=64,NUM_WARPS=16,STAGES=3",
-                 "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1",
-                 "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1,STAGES=1,BLOCK_M_D128=256,STAGES_D128=2",
-                 "p07_registers:SMALL_PROBLEM_CTAS=0,PERSISTENT_CTAS=1,OVERLAP_SOFTMAX=1,BLOCK_N=32,STAGES=3,STAGES_D128=3",
-                 "p08_wgmma:OVERLAP=1", "p08_wgmma:WARPGROUPS=3,BLOCK_N=192,CTAS_PER_SM=1,WARPGROUPS_D128=1,BLOCK_N_D128=64"]
-
 # Chapter 6's recorded runs: the planted bug under memcheck, then the real kernel under each tool.
 PLANTED = "p06_async:PLANTED_BUG=1"
 RECORDED_RUNS = [("memcheck", PLANTED, ("--print-limit", "3", "--show-backtrace", "device")),
                  ("memcheck", "p06_async", ()), ("racecheck", "p06_async", ()), ("synccheck", "p06_async", ())]
+
+
+def format_target(phase_name: str, defines: dict) -> str:
+    """(phase, tile parameters) -> 'phase' or 'phase:NAME=value,NAME=value' (parse_target's inverse)."""
+    if not defines:
+        return phase_name
+    return f"{phase_name}:" + ",".join(f"{key}={value}" for key, value in defines.items())
 
 
 def parse_target(target: str) -> tuple[str, dict]:
@@ -85,11 +80,14 @@ def main(targets: list[str]) -> int:
 
 
 def default_targets() -> list[str]:
-    """Every phase this GPU can run, and the extra tile shapes."""
-    from . import env
+    """Every phase this GPU can run, with its defaults and then each variant tagged "sanitize", those
+    whose shared memory this GPU allows at every head dim."""
+    from . import budget, env
     from .phases import PHASES
-    runnable = {name for name, phase in PHASES.items() if phase.runs_on(env.gpu().cc)}
-    return [t for t in [*PHASES, *EXTRA_TARGETS] if parse_target(t)[0] in runnable]
+    gpu = env.gpu()
+    return [format_target(name, defines) for name, phase in PHASES.items() if phase.runs_on(gpu.cc)
+            for defines in ({}, *phase.variants_tagged("sanitize").values())
+            if budget.smem_needed(name, {**phase.tile_params_for(gpu.cc), **defines}) <= gpu.smem_per_block_optin]
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
         source = "from the record (no nvcc on this machine): " + results.provenance(record)
     table = pd.DataFrame([{"arch": phase.arch_name(cc), **row} for cc, row in zip(ccs, rows)])
     table = table.rename(columns={"smem_bytes": "static smem bytes"})
-    if phase_name in budget.PHASES_WITH_LAYOUT:
+    if phase.smem_layout:
         for head_dim in phase.head_dims:
             table[f"dynamic smem bytes (D={head_dim})"] = [
                 budget.smem_bytes(phase_name, head_dim, phase.tile_params_for(cc)) for cc in ccs]
@@ -120,7 +120,7 @@ def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
     tile_params, registers) config; registers per thread come from the caller (ptxas records)."""
     rows = []
     for label, phase_name, head_dim, tile_params, registers in configs:
-        threads = budget.threads_per_block(phase_name, tile_params)
+        threads = budget.threads_per_block(phase_name, tile_params, head_dim)
         smem = budget.smem_bytes(phase_name, head_dim, tile_params)
         row = {"config": label, "threads": threads, "registers": registers, "smem KB": smem / 1024}
         for gpu in gpus:

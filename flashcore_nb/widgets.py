@@ -19,7 +19,7 @@ CASE = shapes.MISSION
 def calculator(phase_name: str, params: dict, registers: int, head_dim: int = CASE.head_dim,
                case: shapes.Case = CASE) -> pd.DataFrame:
     """Per GPU: does the CTA fit, how many are resident per SM, and how many waves `case` takes."""
-    threads = budget.threads_per_block(phase_name, params)
+    threads = budget.threads_per_block(phase_name, params, head_dim)
     smem = budget.smem_bytes(phase_name, head_dim, params)
     ctas = math.ceil(case.seqlen_q / params["BLOCK_M"]) * case.heads * case.batch
     rows = []
@@ -50,15 +50,22 @@ def recorded_summary(sweep: pd.DataFrame, sdpa: dict, params: dict) -> str:
 
 def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
     """Compile (or load from cache) one configuration, check it and time it beside SDPA on this GPU.
-    Returns the summary and its register count (None when it does not compile)."""
+    Returns the summary and its register count; a configuration that does not compile, or needs more
+    shared memory than this GPU allows, returns why and None."""
     from .bench import compare, paired_ratio
-    from .binding import load
-    from .build import CompileError
+    from .binding import SharedMemoryError, check_shared_memory, load
+    from .build import CompileError, compile_message
     from .check import check
+    phase, gpu = get(phase_name), env.gpu()
     try:
+        # refused before compiling a kernel that could not launch here (the binding would refuse it after)
+        built_with = {**phase.tile_params_for(gpu.cc), **params}
+        check_shared_memory(phase, budget.smem_bytes(phase_name, CASE.head_dim, built_with), gpu)
         fn = load(phase_name, **params)   # prints compile progress on a cold build
+    except SharedMemoryError as error:
+        return str(error), None
     except CompileError as error:
-        return experiments.compile_message(str(error)), None
+        return compile_message(str(error)), None
     result = check(fn, CASE)
     timings = compare({"ours": fn}, CASE, ("sdpa_default",), rounds=5)
     ours, sdpa = timings["ours"], timings["sdpa_default"]
@@ -68,19 +75,22 @@ def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
             f"{fn.build.ptxas.registers} registers"), fn.build.ptxas.registers
 
 
-def tile_explorer(phase_name: str = "p05_tile64"):
+def tile_explorer(phase_name: str):
+    """Pickers over the phase's sweep grid, a button that measures the choice live, and what it costs."""
     import ipywidgets as widgets
     from IPython.display import display
 
-    grid = experiments.SWEEP_GRIDS[phase_name]
+    phase = get(phase_name)
+    grid = phase.sweep_grid
     sweep, sdpa, provenance = experiments.sweep_runs(phase_name)
-    defaults = get(phase_name).tile_params   # start on the phase's own configuration
+    live = env.mode() == "live"
+    defaults = phase.tile_params_for(env.gpu().cc) if live else phase.tile_params   # start on this GPU's defaults
     pickers = {key: widgets.Dropdown(options=values, description=key,
                                      value=defaults[key] if defaults[key] in values else values[len(values) // 2])
                for key, values in grid.items()}
-    runnable = env.mode() == "live" and get(phase_name).runs_on(env.gpu().cc)
-    button = widgets.Button(description="compile, check and time" if runnable or env.mode() != "live"
-                            else f"this GPU cannot run it (needs {get(phase_name).requirement})", disabled=not runnable)
+    runnable = live and phase.runs_on(env.gpu().cc)
+    button = widgets.Button(description="compile, check and time" if runnable or not live
+                            else f"this GPU cannot run it (needs {phase.requirement})", disabled=not runnable)
     output = widgets.Output()
 
     def params():

@@ -22,3 +22,19 @@ def kernels_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(phases, "KERNELS_DIR", kernels)
     monkeypatch.setattr(build, "KERNELS_DIR", kernels)
     return kernels
+
+
+@pytest.fixture(scope="session")
+def default_build_stats():
+    """ptxas stats of a phase's default build for one arch (nvcc -c, no GPU), compiled once per session
+    however many tests ask: stats(phase_name, cc) -> build.PtxasStats."""
+    from functools import lru_cache
+
+    from flashcore_nb import build
+    from flashcore_nb.phases import PHASES
+
+    @lru_cache(maxsize=None)
+    def stats(name: str, cc: int):
+        phase = PHASES[name]
+        return build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific)
+    return stats

@@ -1,4 +1,5 @@
-"""The shared-memory budget equals each kernel's own sizeof, and the occupancy arithmetic is right."""
+"""The shared-memory budget equals each kernel's own sizeof, every phase's defaults fit every GPU that
+runs it, and the occupancy arithmetic is right."""
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -6,28 +7,33 @@ import pytest
 
 from flashcore_nb import budget, build, env
 from flashcore_nb.paths import KERNELS_DIR
-from flashcore_nb.phases import get
+from flashcore_nb.phases import PHASES, get
 
-# (phase, tile-parameter overrides): every layout smem_buffers knows, and the tile parameters that change it
-CONFIGS = [
-    ("p03_wmma", {}),
-    ("p04_fp32p", {"P_FP32": 1}),
-    ("p04_fp32p", {"P_FP32": 0}),
-    ("p05_tile64", {}),
-    ("p05_tile64", {"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 4}),
-    ("p05_tile64", {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8}),
-    ("p06_async", {}),
-    ("p06_async", {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16, "STAGES": 3}),
-    # SMALL_PROBLEM_CTAS fixed so that the tiny problem takes the key-split path without asking a GPU
-    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000}),
-    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "BLOCK_M": 64, "STAGES": 3, "BLOCK_M_D128": 256,
-                       "STAGES_D128": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1, "KV_SPLIT": 2}),
-    ("p07_registers", {"SMALL_PROBLEM_CTAS": 1000, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
-                       "STAGES_D128": 4}),
-    ("p08_wgmma", {}),
-    ("p08_wgmma", {"WARPGROUPS": 3, "BLOCK_N": 192, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64}),
-]
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)   # the ones MAIN below asks the kernels about
+
+
+def _layout_configs() -> list[tuple[str, dict]]:
+    """(phase, tile parameters): each phase's defaults on each arch and every variant the GPU suite or the
+    sanitizer builds, once per distinct budget (sizes and buffers over head dims and paths). A key-split
+    phase's split_defines make a small problem take that path on a machine with no GPU."""
+    configs = []
+    for name, phase in PHASES.items():
+        if phase.smem_layout is None:
+            continue
+        seen = set()
+        run_on_gpus = [v.defines for v in phase.variants if v.tags & {"test", "sanitize"}]
+        for params in [*(phase.tile_params_for(cc) for cc in phase.archs),
+                       *({**phase.tile_params, **defines} for defines in run_on_gpus)]:
+            params = {**params, **phase.split_defines}
+            layout = tuple((head_dim, split, tuple(budget.smem_buffers(name, head_dim, params, split)))
+                           for head_dim in HEAD_DIMS for split in phase.splits)
+            if layout not in seen:
+                seen.add(layout)
+                configs.append((name, params))
+    return configs
+
+
+CONFIGS = _layout_configs()
 
 # Calls only the host function flashcore_smem_bytes, so the program runs on a machine with no GPU.
 # Two problems: a large one and a one-row one (p07 takes its key-split path for the second).
@@ -49,8 +55,9 @@ int main() {
 
 
 def _config_id(config):
-    name, overrides = config
-    return "-".join([name, *(f"{k}={v}" for k, v in overrides.items())])
+    name, params = config
+    defaults = get(name).tile_params
+    return "-".join([name, *(f"{k}={v}" for k, v in params.items() if defaults.get(k) != v)])
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +71,13 @@ def kernel_sizeof(tmp_path_factory) -> dict[str, dict[int, int]]:
     main.write_text(MAIN)
 
     def run(config):
-        name, overrides = config
+        name, params = config
         exe = tmp / _config_id(config)
-        # PTX only: no SASS to assemble keeps each build to a few seconds
+        # PTX only and unoptimised (a struct's size does not depend on it): a few seconds per build
         arch = "90a" if get(name).arch_specific else "90"
-        cmd = [nvcc, "-std=c++17", f"-I{KERNELS_DIR}", f"-gencode=arch=compute_{arch},code=compute_{arch}",
-               *build.define_flags(overrides), str(KERNELS_DIR / f"{name}.cu"), str(main), "-o", str(exe)]
+        cmd = [nvcc, "-std=c++17", "-Xcicc", "-O0", f"-I{KERNELS_DIR}",
+               f"-gencode=arch=compute_{arch},code=compute_{arch}", *build.define_flags(params),
+               str(KERNELS_DIR / f"{name}.cu"), str(main), "-o", str(exe)]
         compiled = subprocess.run(cmd, capture_output=True, text=True)
         assert compiled.returncode == 0, f"{' '.join(cmd)}\n{compiled.stderr}"
         out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
@@ -81,12 +89,37 @@ def kernel_sizeof(tmp_path_factory) -> dict[str, dict[int, int]]:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
 def test_budget_equals_the_kernels_sizeof(config, kernel_sizeof):
-    name, overrides = config
+    name, params = config
     for small in (False, True):
-        split = small and name == "p07_registers"
+        split = small and get(name).key_split
         for head_dim in HEAD_DIMS:
-            assert budget.smem_bytes(name, head_dim, overrides, split) == \
+            assert budget.smem_bytes(name, head_dim, params, split) == \
                 kernel_sizeof[_config_id(config)][small, head_dim], (small, head_dim)
+
+
+# Every (phase, GPU) where the GPU's compute capability runs the phase, with the defaults it gets there.
+ON_GPUS = [(name, gpu) for name, phase in PHASES.items() for gpu in budget.GPUS.values() if phase.runs_on(gpu.cc)]
+
+
+@pytest.mark.parametrize("name,gpu", ON_GPUS, ids=[f"{name}-{gpu.name}" for name, gpu in ON_GPUS])
+def test_defaults_fit_every_gpu_that_runs_the_phase(name, gpu, default_build_stats):
+    """Each block the defaults launch (every head dim, every path) fits: shared memory is what can fail,
+    since __launch_bounds__ keeps ptxas's register count launchable; the registers, and the static shared
+    memory of phases without a layout, come from the same ptxas run as test_kernels_compile's."""
+    stats = default_build_stats(name, gpu.cc)
+    for launch in budget.launches(name, get(name).tile_params_for(gpu.cc)):
+        smem = stats.smem_bytes + launch.smem_bytes
+        occ = budget.occupancy(gpu, launch.threads, stats.registers, smem)
+        assert occ.fits, (f"{name}'s defaults for sm_{gpu.cc} at D={launch.head_dim}{' (key split)' * launch.split}: "
+                          f"{smem} B of shared memory, {launch.threads} threads x {stats.registers} registers; "
+                          f"{gpu.name} allows {gpu.smem_per_block_optin} B per block: {occ.limiter}")
+
+
+def test_smem_needed_is_the_largest_launch():
+    # p07 on the H100: the key-split path at D = 128, 2 stages of 128 K and V rows + 2 x 32 Q rows, 256 B each
+    assert budget.smem_needed("p07_registers") == (2 * 32 + 2 * 2 * 128) * 128 * 2 == 147456
+    assert budget.smem_needed("p07_registers", {"SPLIT_STAGES": 1}) == 73728   # the L4's
+    assert budget.smem_needed("p01_baseline") == 0                             # static __shared__ only
 
 
 def test_buffers_by_name():
@@ -153,6 +186,9 @@ def test_occupancy_does_not_fit():
     assert (occ.fits, occ.blocks_per_sm, occ.limiter) == (False, 0, "shared memory")
     assert budget.occupancy(h100, 128, 64, h100.smem_per_block_optin).fits
     assert not budget.occupancy(h100, 128, 256, 0).fits
+    # 1024 threads x 255 registers (8192 per warp once rounded) = 262144 > 65536 per SM: no block at all
+    occ = budget.occupancy(h100, 1024, 255, 0)
+    assert (occ.fits, occ.blocks_per_sm, occ.limiter) == (False, 0, "registers")
     # p05 defaults at D = 128 need 103424 B: more than the L4 (99 KB = 101376 B) allows
     assert not budget.occupancy(budget.GPUS["L4"], 256, 128, budget.smem_bytes("p05_tile64", 128)).fits
 

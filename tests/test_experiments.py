@@ -3,7 +3,9 @@ import pandas as pd
 import pytest
 import torch
 
-from flashcore_nb import experiments, results, sanitize, simulate, tables
+from flashcore_nb import budget, env, experiments, results, sanitize, simulate, tables
+from flashcore_nb.env import GpuInfo
+from flashcore_nb.phases import PHASES
 from flashcore_nb.shapes import MISSION
 
 RECORDS = experiments.all_records()
@@ -54,13 +56,6 @@ def test_a_changed_kernel_makes_an_experiment_stale(kernels_copy):
     assert "STALE" in experiments.provenance(record)
 
 
-def test_compile_message_is_the_static_assert_text():
-    log = ('kernels/p05_tile64.cu(52): error: static assertion failed with "NUM_WARPS * 32 must be a '
-           'multiple of BLOCK_M"\nkernels/p05_tile64.cu(59): error: right operand of "%" is zero\n')
-    assert experiments.compile_message(log) == "NUM_WARPS * 32 must be a multiple of BLOCK_M"
-    assert experiments.compile_message("x.cu(1): error: something else\n") == "x.cu(1): error: something else"
-
-
 def test_wrong_stride_pad_mask_hits_real_rows():
     mask = simulate.wrong_stride_pad_mask(32, 64)   # pitch 72: zeroes from flat index 2048 = row 28, col 32
     assert not mask[:28].any() and not mask[28, :32].any() and mask[28, 32:].all() and mask[29:].all()
@@ -99,7 +94,19 @@ def test_sanitizer_record_finds_the_planted_bug_and_clears_the_kernel():
 def test_sanitizer_targets_parse():
     assert sanitize.parse_target("p06_async") == ("p06_async", {})
     assert sanitize.parse_target("p05_tile64:BLOCK_M=32,NUM_WARPS=16") == ("p05_tile64", {"BLOCK_M": 32, "NUM_WARPS": 16})
+    for target in ("p06_async", "p05_tile64:BLOCK_M=32,NUM_WARPS=16"):
+        assert sanitize.format_target(*sanitize.parse_target(target)) == target
     assert sanitize.command("racecheck", ["p06_async"])[:2] == ["compute-sanitizer", "--tool=racecheck"]
+
+
+def test_sanitizer_targets_are_those_this_gpu_can_hold(monkeypatch):
+    l4 = GpuInfo("NVIDIA L4", 89, 58, budget.GPUS["L4"].smem_per_block_optin, 24 << 30, "any")
+    monkeypatch.setattr(env, "gpu", lambda index=None: l4)
+    targets = sanitize.default_targets()
+    assert [t for t in targets if ":" not in t] == [name for name, p in PHASES.items() if p.runs_on(89)]
+    assert "p06_async:STAGES=1" in targets
+    # 168 KB at D = 128 with the L4's p05 defaults, 99 KB allowed
+    assert "p05_tile64:BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4" not in targets
 
 
 @pytest.mark.parametrize("phase_name", list(experiments.ABLATIONS))

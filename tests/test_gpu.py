@@ -3,9 +3,11 @@ import pytest
 import torch
 
 import flashcore_nb
-from flashcore_nb import sanitize
+from flashcore_nb import budget, env, sanitize
+from flashcore_nb.binding import SharedMemoryError
 from flashcore_nb.check import check, make_inputs
 from flashcore_nb.reference import attention_fp64
+from flashcore_nb.sanitize import format_target
 from flashcore_nb.shapes import CORRECTNESS, MISSION, Case
 
 pytestmark = pytest.mark.gpu
@@ -69,63 +71,46 @@ def test_bad_inputs_raise_clear_errors_and_leave_cuda_usable(cuda, name):
     assert check(fn, Case("after", 1, 2, 33, 64), torch.float16).passed, "a good call after bad ones failed"
 
 
-# Other p05 tile shapes than the default: rows per thread, threads per row and warp loops all change.
-P05_CONFIGS = [{"BLOCK_M": 32, "BLOCK_N": 32, "NUM_WARPS": 4}, {"BLOCK_M": 128, "BLOCK_N": 64, "NUM_WARPS": 8},
-               {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_WARPS": 2}, {"BLOCK_M": 32, "BLOCK_N": 64, "NUM_WARPS": 16}]
-
-
-@pytest.mark.parametrize("params", P05_CONFIGS, ids=lambda p: "x".join(map(str, p.values())))
-def test_p05_tile_configurations_are_correct(cuda, params):
-    fn = flashcore_nb.load("p05_tile64", **params)
-    for case in CORRECTNESS:
-        result = check(fn, case, torch.float16, seed=2)
-        assert result.unwritten == 0 and result.passed, result
-
-
-# p07: the large-tile path on the small shapes, the key-split path everywhere, other splits and
-# stage counts, and every ablation switch (each must change the speed, never the result). A few
-# persistent CTAs make every CTA cross many query tiles even on these small problems.
-P07_CONFIGS = [{"SMALL_PROBLEM_CTAS": 0},
-               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3},
-               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 5, "STAGES": 1, "BLOCK_M_D128": 256, "STAGES_D128": 2},
-               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 4, "WARP_ROWS": 16, "STAGES": 3, "Q_IN_REGS_MAX_D": 128},
-               {"SMALL_PROBLEM_CTAS": 0, "PERSISTENT_CTAS": 3, "OVERLAP_SOFTMAX": 1, "BLOCK_N": 32, "STAGES": 3,
-                "STAGES_D128": 3},
-               {"SMALL_PROBLEM_CTAS": 1 << 30, "KV_SPLIT": 2, "SPLIT_BLOCK_M": 16, "SPLIT_STAGES": 1},
-               {"SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0, "LAZY_RESCALE": 0},
-               {"SMALL_PROBLEM_CTAS": 0, "SWIZZLE": 0, "SEPARATE_MASKED_TILES": 0, "FOLD_LOG2E": 0, "LAZY_RESCALE": 0,
-                "PERSISTENT": 0}]
-
-
-@pytest.mark.parametrize("params", P07_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
-def test_p07_configurations_are_correct(cuda, params):
-    fn = flashcore_nb.load("p07_registers", **params)
-    for case in CORRECTNESS:
-        for dtype in (torch.float16, torch.bfloat16):
-            result = check(fn, case, dtype, seed=2)
-            assert result.unwritten == 0 and result.passed, result
-
-
-# p08: the other tile shapes (one and three warpgroups, wider key tiles, two CTAs per SM at D = 128)
-# and the overlap switch; each must change the speed, never the result.
-P08_CONFIGS = [{"OVERLAP": 1},
-               {"WARPGROUPS": 1, "BLOCK_N": 128, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64, "CTAS_PER_SM_D128": 2},
-               {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "OVERLAP": 1},
-               {"BLOCK_N": 256, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 3, "BLOCK_N_D128": 64}]
-
-
-@pytest.mark.parametrize("params", P08_CONFIGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
-def test_p08_configurations_are_correct(cuda, params):
-    major, minor = torch.cuda.get_device_capability()
-    if not flashcore_nb.PHASES["p08_wgmma"].runs_on(10 * major + minor):
-        with pytest.raises(RuntimeError, match="needs an sm_90 GPU"):
-            flashcore_nb.load("p08_wgmma", **params)(*make_inputs(MISSION))
+def _correct_on_shape_suite(name: str, params: dict) -> None:
+    """The phase built with `params` is correct on every supported case, in every dtype this GPU has; a case
+    the binding refuses for its shared memory must be one budget.py says this GPU cannot hold."""
+    phase, gpu = flashcore_nb.PHASES[name], env.gpu()
+    if not phase.runs_on(gpu.cc):
+        with pytest.raises(RuntimeError, match=f"needs an {phase.requirement} GPU"):
+            flashcore_nb.load(name, **params)(*make_inputs(MISSION))
         return
-    fn = flashcore_nb.load("p08_wgmma", **params)
+    fn = flashcore_nb.load(name, **params)
+    too_big = {launch.head_dim for launch in budget.launches(name, fn.tile_params)
+               if launch.smem_bytes > gpu.smem_per_block_optin}
     for case in CORRECTNESS:
-        for dtype in (torch.float16, torch.bfloat16):
-            result = check(fn, case, dtype, seed=2)
+        for dtype in phase.dtypes:
+            if not (_supported(phase, case, dtype) and phase.supports_dtype_on(dtype, gpu.cc)):
+                continue
+            try:
+                result = check(fn, case, getattr(torch, dtype), seed=2)
+            except SharedMemoryError:
+                assert case.head_dim in too_big, case.name
+                continue
             assert result.unwritten == 0 and result.passed, result
+
+
+# Every variant the registry tags "test": other tile shapes and switches, which must change the speed,
+# never the result.
+TESTED = [(name, v) for name, phase in flashcore_nb.PHASES.items() for v in phase.variants if "test" in v.tags]
+
+
+@pytest.mark.parametrize("name,variant", TESTED, ids=[format_target(n, v.defines) for n, v in TESTED])
+def test_tagged_variants_are_correct(cuda, name, variant):
+    _correct_on_shape_suite(name, variant.defines)
+
+
+# The defaults of the other GPUs (Phase.arch_tile_params) are valid configurations here too.
+OTHER_DEFAULTS = [(name, cc) for name, phase in flashcore_nb.PHASES.items() for cc in phase.arch_tile_params]
+
+
+@pytest.mark.parametrize("name,cc", OTHER_DEFAULTS, ids=[f"{n}-sm_{cc}" for n, cc in OTHER_DEFAULTS])
+def test_other_gpus_defaults_are_correct_here(cuda, name, cc):
+    _correct_on_shape_suite(name, flashcore_nb.PHASES[name].tile_params_for(cc))
 
 
 def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
@@ -137,11 +122,9 @@ def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
     torch.cuda.synchronize()
 
 
-def test_p04_precision_switch_and_teaching_variant(cuda):
-    """FP16 P is as correct as FP32 P; the reproduced padding bug is caught by the check."""
-    mission = MISSION
-    assert check(flashcore_nb.load("p04_fp32p", P_FP32=0), mission).passed
-    buggy = check(flashcore_nb.load("p04_fp32p", P_FP32=0, PADDING_BUG=1), mission)
+def test_p04_teaching_variant_is_caught(cuda):
+    """The reproduced padding bug is wrong, and the check says so (FP16 P itself is a tested variant)."""
+    buggy = check(flashcore_nb.load("p04_fp32p", P_FP32=0, PADDING_BUG=1), MISSION)
     assert not buggy.passed and buggy.max_abs_err > 0.1, buggy
 
 
@@ -166,7 +149,7 @@ def test_invalid_tile_parameter_fails_at_compile_time(cuda):
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_clean(cuda, tool):
-    """Every phase (and the extra tile shapes in sanitize.EXTRA_TARGETS) under each tool."""
+    """Every phase this GPU can run, and its variants tagged "sanitize", under each tool."""
     result = sanitize.run(tool, [], ("--error-exitcode=3",))
     report = result["report"]
     assert result["returncode"] == 0, report[-4000:]

@@ -18,9 +18,9 @@ CASES = [(name, cc) for name, phase in PHASES.items() for cc in phase.archs]
 
 
 @pytest.mark.parametrize("name,cc", CASES, ids=[f"{n}-sm_{cc}" for n, cc in CASES])
-def test_compiles_with_ptxas_stats(name, cc):
+def test_compiles_with_ptxas_stats(name, cc, default_build_stats):
     phase = PHASES[name]
-    stats = build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific)
+    stats = default_build_stats(name, cc)
     assert stats.kernels >= 1 and stats.registers > 0
     budget = phase.spill_budget_bytes
     assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{name} spills on sm_{cc}: {stats}"
@@ -139,6 +139,29 @@ def test_launch_caches_are_local_symbols(tmp_path):
                              check=True).stdout
     caches = [line for line in symbols.splitlines() if "per_device_cache<" in line]
     assert caches and all(" LOCAL " in line for line in caches), caches
+
+
+def test_invalid_tile_parameters_are_told_apart_from_a_broken_toolchain():
+    with pytest.raises(build.InvalidTilesError) as caught:
+        build.compile_only(PHASES["p05_tile64"].kernel_file, 80, {"BLOCK_M": 128, "NUM_WARPS": 2})
+    assert build.compile_message(str(caught.value)).startswith("NUM_WARPS * 32 must be a multiple of BLOCK_M")
+    with pytest.raises(build.CompileError) as caught:   # not a tile problem: no static_assert
+        build.compile_only(PHASES["p05_tile64"].kernel_file, 80, {"BLOCK_M": "oops"})
+    assert not isinstance(caught.value, build.InvalidTilesError)
+
+
+def test_compile_message_is_the_static_assert_text():
+    log = ('kernels/p05_tile64.cu(52): error: static assertion failed with "NUM_WARPS * 32 must be a '
+           'multiple of BLOCK_M"\nkernels/p05_tile64.cu(59): error: right operand of "%" is zero\n')
+    assert build.compile_message(log) == "NUM_WARPS * 32 must be a multiple of BLOCK_M"
+    assert build.compile_message("x.cu(1): error: something else\n") == "x.cu(1): error: something else"
+
+
+def test_registry_names_each_phases_kernel():
+    """The profiler filters on it: it must be the name of a __global__ function in the phase's file."""
+    for name, phase in PHASES.items():
+        text = phase.kernel_file.read_text()
+        assert re.search(rf"__global__[^;{{]*\b{phase.kernel_name}\(", text), name
 
 
 def test_parse_ptxas_takes_the_worst_entry():

@@ -29,7 +29,10 @@ def test_command_profiles_one_warm_launch_with_the_clocks_left_alone():
     cmd = profile.command("b4h16_s2048")
     assert cmd[0] == "ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--launch-skip") + 1] == str(profile.LAUNCHES_SKIPPED)
-    assert cmd[-3:] == ["-m", "flashcore_nb.profile", "b4h16_s2048"]
+    assert cmd[-4:] == ["-m", "flashcore_nb.profile", profile.PHASE, "b4h16_s2048"]
+    # only the phase's own kernel, by the registry's name for it
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:attention_registers_kernel"
+    assert profile.command("mission", "p08_wgmma")[-2:] == ["p08_wgmma", "mission"]
 
 
 def test_recorded_profile_covers_the_cases_and_its_stalls_add_up():

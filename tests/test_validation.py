@@ -43,8 +43,9 @@ def test_strided_but_inner_contiguous_is_accepted():
 
 
 def test_phase_features_are_enforced():
-    narrow = Phase("p99_narrow", "narrow", "99_narrow", archs=(80,), min_cc=80, dtypes=("float16",),
-                   head_dims=(64,), causal=False, cross_lengths=False)
+    narrow = Phase(name="p99_narrow", title="narrow", notebook="99_narrow", kernel_name="narrow_kernel",
+                   archs=(80,), min_cc=80, dtypes=("float16",), head_dims=(64,), causal=False, cross_lengths=False,
+                   threads=lambda params, head_dim, split: 128)
     q = t(1, 2, 16, 64)
     with pytest.raises(ValueError, match="does not support causal"):
         validate_problem(narrow, q, q, q, True, H100)

@@ -1,12 +1,23 @@
 """The tile explorer and its calculator, in replay mode (no GPU)."""
 import pytest
 
-from flashcore_nb import budget, experiments, widgets
+from flashcore_nb import binding, budget, env, experiments, widgets
+from flashcore_nb.env import GpuInfo
 
 
 @pytest.fixture
 def replay(monkeypatch):
     monkeypatch.setenv("FLASHCORE_MODE", "replay")
+
+
+def _pretend_gpu(monkeypatch, name: str, gpu_name: str) -> GpuInfo:
+    """Live mode on one of budget.GPUS, as far as the package can tell; compiling fails the test."""
+    limits = budget.GPUS[name]
+    info = GpuInfo(gpu_name, limits.cc, limits.sm_count, limits.smem_per_block_optin, 16 << 30, "any")
+    monkeypatch.setattr(env, "mode", lambda: "live")
+    monkeypatch.setattr(env, "gpu", lambda index=None: info)
+    monkeypatch.setattr(binding, "load", lambda *args, **kwargs: pytest.fail("compiled a kernel"))
+    return info
 
 
 def test_calculator_counts_waves_of_the_mission_grid():
@@ -43,3 +54,17 @@ def test_explorer_builds_and_follows_every_choice_in_replay(replay):
     for values in ((32, 128, 16), (128, 32, 2), (64, 64, 8)):   # each change re-renders; errors would raise
         for picker, value in zip(pickers.children, values):
             picker.value = value
+
+
+def test_explorer_starts_on_this_gpus_defaults(monkeypatch):
+    _pretend_gpu(monkeypatch, "L4", "NVIDIA L4")
+    pickers, button, _ = widgets.tile_explorer("p05_tile64").children
+    assert [p.value for p in pickers.children] == [32, 64, 16] and not button.disabled
+
+
+def test_a_configuration_this_gpu_cannot_hold_is_refused_before_compiling(monkeypatch):
+    _pretend_gpu(monkeypatch, "T4", "Tesla T4")
+    text, registers = widgets.measure_live("p05_tile64", {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_WARPS": 8})
+    assert registers is None
+    assert text == ("p05_tile64 with these tile sizes needs 157696 bytes of shared memory per block; "
+                    "Tesla T4 allows 65536 (choose smaller tiles)")
