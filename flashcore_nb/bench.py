@@ -29,7 +29,7 @@ SDPA_BACKENDS = {
 }
 TRITON = "triton"                        # the project's own Triton kernel (triton_peer.py)
 BASELINES = (*SDPA_BACKENDS, TRITON)     # every method a phase is timed beside
-ROUNDS = 7                               # odd, so the median of a ratio is the inverse of the inverse's
+ROUNDS = 9                               # odd, so the median of a ratio is the inverse of the inverse's
 GRAPH_TARGET_MS = 5.0                    # one graph replay lasts about this long
 REPLAYS_PER_ROUND = 3                    # a round's sample is the median of this many replays
 LATENCY_TARGET_MS = 20.0                 # back-to-back calls per round: about this long, 3 at least

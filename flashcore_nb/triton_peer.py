@@ -65,22 +65,25 @@ def _attend(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start, end, seqlen
     return acc, m_i, l_i
 
 
-@triton.autotune(configs=_CONFIGS, key=["seqlen_q", "seqlen_k", "HEAD_DIM", "CAUSAL"], do_bench=_graph_time)
+# Keyed on the whole problem, batch and heads too: the mission shape (8 heads of 512) and 16x16 heads
+# of 512 share their lengths but not their best tiles.
+@triton.autotune(configs=_CONFIGS, key=["batch", "heads", "seqlen_q", "seqlen_k", "HEAD_DIM", "CAUSAL"],
+                 do_bench=_graph_time)
 @triton.jit
 def _forward(Q, K, V, O, scale_log2, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-             heads, seqlen_q, seqlen_k, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+             batch, heads, seqlen_q, seqlen_k, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tile = tl.program_id(0)
     if CAUSAL:   # longest first: the last query tile sees every key
         tile = tl.num_programs(0) - 1 - tile
-    batch, head = tl.program_id(1) // heads, tl.program_id(1) % heads
+    b, head = tl.program_id(1) // heads, tl.program_id(1) % heads
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + batch * sqb + head * sqh + offs_m[:, None] * sqs + offs_d[None, :],
+    q = tl.load(Q + b * sqb + head * sqh + offs_m[:, None] * sqs + offs_d[None, :],
                 mask=offs_m[:, None] < seqlen_q, other=0.0)
-    k_ptrs = K + batch * skb + head * skh + offs_n[None, :] * sks + offs_d[:, None]   # K^T tile
-    v_ptrs = V + batch * svb + head * svh + offs_n[:, None] * svs + offs_d[None, :]
+    k_ptrs = K + b * skb + head * skh + offs_n[None, :] * sks + offs_d[:, None]   # K^T tile
+    v_ptrs = V + b * svb + head * svh + offs_n[:, None] * svs + offs_d[None, :]
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -96,7 +99,7 @@ def _forward(Q, K, V, O, scale_log2, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, full, last, seqlen_k, sks, svs,
                             scale_log2, CAUSAL, True, BLOCK_N)
     out = acc / l_i[:, None]
-    tl.store(O + batch * sob + head * soh + offs_m[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty),
+    tl.store(O + b * sob + head * soh + offs_m[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=offs_m[:, None] < seqlen_q)
 
 
@@ -122,5 +125,5 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, out=Non
         return triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * heads
 
     _forward[grid](q, k, v, out, scale * LOG2E, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                   *out.stride()[:3], heads, seqlen_q, k.shape[2], HEAD_DIM=head_dim, CAUSAL=bool(causal))
+                   *out.stride()[:3], batch, heads, seqlen_q, k.shape[2], HEAD_DIM=head_dim, CAUSAL=bool(causal))
     return out
