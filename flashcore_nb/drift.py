@@ -107,8 +107,8 @@ def run_all() -> list[dict]:
 
 
 def record() -> Path:
-    from . import experiments
-    return experiments.write(experiments.make_record("fa2_drift", None, {}, run_all()))
+    from . import experiments, results
+    return results.write(experiments.make_record("fa2_drift", None, {}, run_all()))
 
 
 def table(gpu_slug: str | None = None):

@@ -41,10 +41,6 @@ ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_
 ABLATION_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
 
 
-def path_for(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> Path:
-    return root / gpu_slug / "experiments" / f"{name}.json"
-
-
 def sweep_name(phase_name: str) -> str:
     return f"{phase_name}_sweep"
 
@@ -68,15 +64,8 @@ def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows
     }
 
 
-def write(record: dict, root: Path = RESULTS_DIR) -> Path:
-    path = path_for(record["experiment"], env.gpu_slug(record["env"]["gpu"]), root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
-
-
 def load(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict:
-    path = path_for(name, gpu_slug, root)
+    path = results.experiment_path(name, gpu_slug, root)
     if not path.exists():
         raise FileNotFoundError(f"no recorded experiment {name!r} for {gpu_slug}; record it on a GPU with the "
                                 f"CLI (`python -m flashcore_nb --help` lists precision, sweep, sanitize and peaks)")
@@ -122,7 +111,7 @@ def run_precision(cases: list[shapes.Case]) -> list[dict]:
 
 def record_precision(cases: list[shapes.Case]) -> Path:
     rows = run_precision(cases)
-    return write(make_record(PRECISION_RECORD, PRECISION_PHASE, PRECISION_VARIANTS, rows))
+    return results.write(make_record(PRECISION_RECORD, PRECISION_PHASE, PRECISION_VARIANTS, rows))
 
 
 def precision_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
@@ -235,7 +224,7 @@ def record_sweep(phase_name: str) -> Path:
     rows, sdpa = run_sweep(phase_name, configs)
     record = make_record(sweep_name(phase_name), phase_name, {config_label(p): p for p in configs}, rows)
     record["sdpa"] = sdpa
-    return write(record)
+    return results.write(record)
 
 
 def record_ablations(phase_name: str) -> Path:
@@ -246,7 +235,7 @@ def record_ablations(phase_name: str) -> Path:
         row["variant"] = variant
     record = make_record(f"{phase_name}_ablations", phase_name, variants, rows)
     record["sdpa"] = sdpa
-    return write(record)
+    return results.write(record)
 
 
 def ablation_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:

@@ -124,11 +124,7 @@ def timing_methods(case: shapes.Case = shapes.MISSION, iterations: int = 200) ->
 
 
 def record_timing_methods() -> str:
-    record = {"case": shapes.MISSION.label(), **results.stamp(), "us": timing_methods()}
-    path = RESULTS_DIR / env.gpu_slug(record["env"]["gpu"]) / results.TIMING_METHODS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return str(path)
+    return str(results.write({"case": shapes.MISSION.label(), **results.stamp(), "us": timing_methods()}))
 
 
 def timing_method_table(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:

@@ -52,12 +52,12 @@ def matmul(dtype_name: str, repeats: int = REPEATS) -> dict:
 
 def record() -> Path:
     rows = [matmul(dtype) for dtype in MATMUL_DTYPES] + [copy_bandwidth()]
-    return experiments.write(experiments.make_record(NAME, None, {}, rows))
+    return results.write(experiments.make_record(NAME, None, {}, rows))
 
 
 def load(gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> Peaks | None:
     """The recorded peaks, or None where they were never recorded (the roofline then says so)."""
-    if not experiments.path_for(NAME, gpu_slug, root).exists():
+    if not results.experiment_path(NAME, gpu_slug, root).exists():
         return None
     record = experiments.load(NAME, gpu_slug, root)
     return from_record(record)
@@ -72,4 +72,4 @@ def from_record(record: dict) -> Peaks:
 
 def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
     return (f"No measured peaks for {gpu_slug} yet, so no roofline: record them on that GPU with "
-            f"`python -m flashcore_nb peaks` (writes {experiments.path_for(NAME, gpu_slug).relative_to(RESULTS_DIR.parent)}).")
+            f"`python -m flashcore_nb peaks` (writes {results.experiment_path(NAME, gpu_slug).relative_to(RESULTS_DIR.parent)}).")

@@ -96,7 +96,7 @@ def profile_case(case_name: str, phase_name: str = PHASE) -> dict:
 def record(phase_name: str = PHASE) -> Path:
     from . import experiments
     rows = [profile_case(case_name, phase_name) for case_name in CASES]
-    return experiments.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
+    return results.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
 
 
 def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:

@@ -75,9 +75,23 @@ def make_record(phase_name: str, tile_params: dict, ptxas: build.PtxasStats, mat
     }
 
 
+def experiment_path(name: str, gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> Path:
+    return root / gpu_slug / "experiments" / f"{name}.json"
+
+
 def write(record: dict, root: Path = RESULTS_DIR) -> Path:
-    validate(record)
-    path = path_for(record["phase"], env.gpu_slug(record["env"]["gpu"]), root)
+    """The one writer under results/<gpu>/: a phase record (checked against the schema first), an
+    experiment (experiments.make_record) or chapter 0's timing-method record, each to its place."""
+    gpu_slug = env.gpu_slug(record["env"]["gpu"])
+    if "experiment" in record:
+        path = experiment_path(record["experiment"], gpu_slug, root)
+    elif "runs" in record:
+        validate(record)
+        path = path_for(record["phase"], gpu_slug, root)
+    elif "us" in record:
+        path = root / gpu_slug / TIMING_METHODS_FILE
+    else:
+        raise ValueError("not a record results/ knows: no 'experiment', 'runs' or 'us'")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path

@@ -54,10 +54,10 @@ def run(tool: str, targets: list[str], options=(), timeout: int = 900) -> dict:
 
 
 def record():
-    from . import experiments
+    from . import experiments, results
     runs = [run(tool, [target], options) for tool, target, options in RECORDED_RUNS]
     builds = {target: parse_target(target)[1] for _, target, _ in RECORDED_RUNS}
-    return experiments.write(experiments.make_record("p06_sanitizer", "p06_async", builds, runs))
+    return results.write(experiments.make_record("p06_sanitizer", "p06_async", builds, runs))
 
 
 def main(targets: list[str]) -> int:

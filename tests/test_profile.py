@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from flashcore_nb import experiments, profile
+from flashcore_nb import profile
 
 FIXTURE = Path(__file__).parent / "data" / "ncu_raw_page.csv"   # trimmed from a real H100 run
 
