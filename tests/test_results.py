@@ -74,8 +74,8 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
 def test_two_record_runs_agree():
     """The timing method's claim as chapter 0 states it: a second `record --repeat` run reproduces the
     paired ratios, half of them within 1% and at least 95% within 5%. (Not every one: at the mission
-    shape a phase's own GPU time can differ between two processes, which no pairing inside one
-    process removes; chapter 0 shows those.)"""
+    shape a phase's own GPU time can move between runs while its baselines move less; chapter 0
+    shows those.)"""
     table = results.agreement()
     assert set(table["phase"]) == set(phases.PHASES), "record every phase twice (record --repeat)"
     differs = table["ratio differs %"]
