@@ -42,13 +42,13 @@ def test_every_recorded_phase_at_every_timed_case():
     speed = tables.phases_speed(FRAME)
     assert len(speed) == len(RECORDS) * len(shapes.TIMING)
     row = speed.loc[("mission", "p01_baseline")]
-    assert row["phase / default"] == pytest.approx(row["phase µs"] / row["default µs"])
+    run = next(r for r in RECORDS["p01_baseline"]["runs"] if r["case"] == "mission" and r["gpu_us"] is not None)
+    assert row["phase / default"] == run["baselines"]["sdpa_default"]["time_ratio"]   # paired, not µs / µs
     steps = tables.phase_steps(FRAME)
     first, second = list(RECORDS)[:2]
     assert steps.loc[first].isna().all()
-    assert steps.loc[second, "mission"] == pytest.approx(
-        FRAME.set_index(["phase", "case"]).loc[(first, "mission"), "gpu_us"]
-        / FRAME.set_index(["phase", "case"]).loc[(second, "mission"), "gpu_us"])
+    by_run = FRAME.set_index(["phase", "case"])["sdpa_default_ratio"]   # through SDPA default, timed in both
+    assert steps.loc[second, "mission"] == pytest.approx(by_run[(first, "mission")] / by_run[(second, "mission")])
     throughput = tables.phases_throughput(FRAME)
     assert throughput.index[-1].startswith("SDPA default") and len(throughput) == len(RECORDS) + 1
     assert (throughput["% of matmul peak"] < 100).all().all()
@@ -85,6 +85,21 @@ def test_headline_names_the_fastest_phase_at_the_mission_shape():
 def test_readme_headline_matches_the_records():
     assert results.headline() in (ROOT / "README.md").read_text(), \
         "README's headline is out of date: paste results.headline() into it"
+
+
+def test_readme_table_matches_the_records():
+    table = results.readme_table()
+    assert table.count("\n") == len(RECORDS) + 1 and "p07_registers" in table
+    assert table in (ROOT / "README.md").read_text(), \
+        "README's phase table is out of date: paste results.readme_table() into it"
+
+
+def test_versus_phase_steps_through_sdpa_default():
+    first, second = list(RECORDS)[:2]
+    table = tables.versus_phase(first, second).set_index("case")
+    steps = tables.phase_steps(FRAME)
+    assert list(table.index) == list(steps.columns)
+    assert table["step (× faster)"].to_numpy() == pytest.approx(steps.loc[second].to_numpy())
 
 
 def test_readme_figure_matches_the_records():
