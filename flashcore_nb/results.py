@@ -212,8 +212,13 @@ def readme_table(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> str:
     latency of the phase and of SDPA default."""
     records, _ = recorded_phases(gpu_slug, root)
     mission = timing_frame(records).set_index("phase").query("case == @shapes.MISSION.name")
-    us = lambda x: f"{x:.0f} µs" if x >= 100 else f"{x:.1f} µs"  # noqa: E731
-    times = lambda x: f"{x:.1f}×" if x >= 10 else f"{x:.2f}×"  # noqa: E731
+
+    def us(x):
+        return f"{x:.0f} µs" if x >= 100 else f"{x:.1f} µs"
+
+    def times(x):
+        return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×"
+
     lines = ["| phase | GPU time | SDPA default | time / SDPA default | Triton peer | time / Triton "
              "| call latency | SDPA default's call latency |", "|---" * 8 + "|"]
     for name, row in mission.iterrows():
