@@ -290,7 +290,7 @@ def sweep_heatmap(sweep: pd.DataFrame, sdpa: dict, case: str = "mission", title:
         ax.set_xlabel("BLOCK_N")
         ax.set_title(f"NUM_WARPS = {w}", fontsize=9)
     np.atleast_1d(axes)[0].set_ylabel("BLOCK_M")
-    bar = fig.colorbar(image, ax=axes, label=f"{case}: time / SDPA (same run)", shrink=0.8)
+    bar = fig.colorbar(image, ax=axes, label=f"{case}: GPU time / SDPA default (paired)", shrink=0.8)
     bar.ax.yaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
     bar.ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
     fig.suptitle(f"{case} ({sdpa[f'sdpa_{case}_us']:.1f} µs for SDPA)   {title}", fontsize=7)

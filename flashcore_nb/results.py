@@ -220,6 +220,30 @@ def headline(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> str:
             f"(call latency) it takes {best['call_us']:.0f} µs against SDPA's {best['sdpa_default_call_us']:.0f} µs.")
 
 
+def readme_table(gpu_slug: str = DEFAULT_GPU, root: Path = RESULTS_DIR) -> str:
+    """The README's phase table at the mission shape (a test keeps the two equal): each phase's GPU time
+    beside SDPA default's and the Triton peer's from the same rounds, the paired ratios, and the call
+    latency of the phase and of SDPA default."""
+    records, _ = recorded_phases(gpu_slug, root)
+    mission = timing_frame(records).set_index("phase").query("case == @shapes.MISSION.name")
+
+    def us(x):
+        return f"{x:.0f} µs" if x >= 100 else f"{x:.1f} µs"
+
+    def times(x):
+        return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×"
+
+    lines = ["| phase | GPU time | SDPA default | time / SDPA default | Triton peer | time / Triton "
+             "| call latency | SDPA default's call latency |", "|---" * 8 + "|"]
+    for name, row in mission.iterrows():
+        phase = PHASES[name]
+        title = phase.title.split(": ", 1)[-1]
+        lines.append(f"| [{name}](notebooks/{phase.notebook}.ipynb): {title} | {us(row['gpu_us'])} "
+                     f"| {us(row['sdpa_default_us'])} | {times(row['sdpa_default_ratio'])} | {us(row['triton_us'])} "
+                     f"| {times(row['triton_ratio'])} | {row['call_us']:.0f} µs | {row['sdpa_default_call_us']:.0f} µs |")
+    return "\n".join(lines)
+
+
 def digest(records: dict[str, dict]) -> str:
     """A short fingerprint of the records a figure was drawn from, stored in the exported PNG so that
     a test can tell when the figure is older than the records."""

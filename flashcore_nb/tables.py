@@ -149,11 +149,13 @@ def phases_correctness(records: dict[str, dict]) -> pd.DataFrame:
 
 
 def phases_speed(frame: pd.DataFrame) -> pd.DataFrame:
-    """GPU time of every phase at every timed case, each baseline from the same run beside it, and the
-    paired time ratio to SDPA default."""
-    table = frame[["case", "phase", "gpu_us", *(f"{b}_us" for b in BASELINES), "sdpa_default_ratio"]].copy()
+    """GPU time of every phase at every timed case, each baseline from the same run beside it, the
+    paired time ratio to SDPA default and to the Triton peer, and the call latency of the phase and of
+    SDPA default."""
+    table = frame[["case", "phase", "gpu_us", *(f"{b}_us" for b in BASELINES), "sdpa_default_ratio",
+                   f"{TRITON}_ratio", "call_us", "sdpa_default_call_us"]].copy()
     table.columns = ["case", "phase", "phase µs", *(f"{b.removeprefix('sdpa_')} µs" for b in BASELINES),
-                     "phase / default"]
+                     "phase / default", "phase / triton", "call µs", "default call µs"]
     case_order = {case: i for i, case in enumerate(dict.fromkeys(frame["case"]))}
     return table.sort_values("case", key=lambda c: c.map(case_order), kind="stable").set_index(["case", "phase"])
 
@@ -164,9 +166,10 @@ def _by_phase(frame: pd.DataFrame, values: pd.Series) -> pd.DataFrame:
     return table.loc[list(dict.fromkeys(frame["phase"])), list(dict.fromkeys(frame["case"]))]
 
 
-def phases_vs_sdpa(frame: pd.DataFrame) -> pd.DataFrame:
-    """phase x case: GPU time / SDPA default's, paired over the rounds of one run (below 1 beats it)."""
-    return _by_phase(frame, frame["sdpa_default_ratio"])
+def phases_vs_sdpa(frame: pd.DataFrame, baseline: str = "sdpa_default") -> pd.DataFrame:
+    """phase x case: GPU time / a baseline's (SDPA default, or e.g. "triton"), paired over the rounds of
+    one run (below 1 beats it)."""
+    return _by_phase(frame, frame[f"{baseline}_ratio"])
 
 
 def phase_steps(frame: pd.DataFrame) -> pd.DataFrame:
@@ -175,6 +178,20 @@ def phase_steps(frame: pd.DataFrame) -> pd.DataFrame:
     their paired ratios to it, which cancels what moved between the runs (clocks, above all)."""
     ratios = _by_phase(frame, frame["sdpa_default_ratio"])
     return ratios.shift(1) / ratios
+
+
+def versus_phase(earlier: str, later: str, gpu_slug: str = results.DEFAULT_GPU) -> pd.DataFrame:
+    """Two phases per timed case, each from its own record: GPU time, paired ratio to SDPA default, and
+    the step between them through SDPA default (above 1: `later` is that many times faster)."""
+    records = {name: results.load(name, gpu_slug) for name in (earlier, later)}
+    ratios = results.timing_frame(records).pivot(index="case", columns="phase")
+    a, b = (name.split("_")[0] for name in (earlier, later))
+    table = pd.DataFrame({f"{a} µs": ratios["gpu_us"][earlier], f"{b} µs": ratios["gpu_us"][later],
+                          f"{a} / default": ratios["sdpa_default_ratio"][earlier],
+                          f"{b} / default": ratios["sdpa_default_ratio"][later]})
+    table["step (× faster)"] = table[f"{a} / default"] / table[f"{b} / default"]
+    order = [run["case"] for run in records[later]["runs"] if run["gpu_us"] is not None]
+    return table.loc[order].reset_index()
 
 
 def phases_throughput(frame: pd.DataFrame) -> pd.DataFrame:

@@ -87,6 +87,21 @@ def test_readme_headline_matches_the_records():
         "README's headline is out of date: paste results.headline() into it"
 
 
+def test_readme_table_matches_the_records():
+    table = results.readme_table()
+    assert table.count("\n") == len(RECORDS) + 1 and "p07_registers" in table
+    assert table in (ROOT / "README.md").read_text(), \
+        "README's phase table is out of date: paste results.readme_table() into it"
+
+
+def test_versus_phase_steps_through_sdpa_default():
+    first, second = list(RECORDS)[:2]
+    table = tables.versus_phase(first, second).set_index("case")
+    steps = tables.phase_steps(FRAME)
+    assert list(table.index) == list(steps.columns)
+    assert table["step (× faster)"].to_numpy() == pytest.approx(steps.loc[second].to_numpy())
+
+
 def test_readme_figure_matches_the_records():
     assert "book/_static/ladder.png" in (ROOT / "README.md").read_text()
     assert Image.open(README_FIGURE).text["Source"] == results.digest(RECORDS), \
