@@ -110,7 +110,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, out=Non
         raise ValueError("the Triton peer needs CUDA tensors")
     if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"the Triton peer takes fp16 or bf16 q, k, v of one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dim() != 4 or k.shape != v.shape or q.shape[-1] not in (64, 128) or k.shape[-1] != q.shape[-1]:
+    if (q.dim() != 4 or k.shape != v.shape or q.shape[-1] not in (64, 128) or k.dim() != 4
+            or (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3])):
         raise ValueError(f"the Triton peer takes (B, H, S, D) tensors with D 64 or 128; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if any(t.stride(3) != 1 for t in (q, k, v)):
