@@ -28,11 +28,6 @@ def dtypes_for(phase) -> list:
     return [torch.float16] + ([torch.bfloat16] if phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
 
 
-# What bench_case adds to a timed run (None in the runs that are only checked).
-TIMING_KEYS = ("gpu_us", "gpu_us_min", "gpu_us_max", "gpu_us_rounds", "call_us", "call_us_rounds", "tflops",
-               "rounds", "sm_clock_mhz", "baselines")
-
-
 def collect_runs(fn, correctness, timing) -> list[dict]:
     """Check every case (each supported dtype) and time the timing cases in fp16, every baseline
     beside it in interleaved rounds."""
@@ -46,7 +41,7 @@ def collect_runs(fn, correctness, timing) -> list[dict]:
     for case in cases:
         for dtype in dtypes_for(fn.phase):
             run = check(fn, case, dtype).as_dict()
-            run.update(dict.fromkeys(TIMING_KEYS))
+            run.update(dict.fromkeys(results.TIMING_KEYS))
             if case.name in timed and dtype == torch.float16:
                 run.update(bench_case(fn, case, dtype))
             runs.append(run)

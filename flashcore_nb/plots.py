@@ -13,8 +13,8 @@ from . import budget, results, shapes
 from .bench import BASELINES, baseline_us
 from .roofline import attainable_tflops, intensity, ridge
 
-SDPA_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
-               "sdpa_cudnn": "#2ca02c", "triton": "#ff7f0e"}
+BASELINE_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
+                   "sdpa_cudnn": "#2ca02c", "triton": "#ff7f0e"}
 # One colour per shared-memory buffer, the same in every figure of the book.
 BUFFER_COLORS = {"Q tile": "#1f77b4", "K tile": "#ff7f0e", "V tile": "#2ca02c", "S (fp32)": "#d62728",
                  "P (fp16)": "#9467bd", "P lo (fp16)": "#c5b0d5", "S then P (fp32 / fp16)": "#e377c2",
@@ -44,7 +44,7 @@ def speed(runs: pd.DataFrame, label: str, provenance: str):
     width = 0.8 / len(series)
     x = np.arange(len(timed))
     for i, (name, values) in enumerate(series.items()):
-        ax.bar(x + i * width, values, width, label=name, color=SDPA_COLORS.get(name, "#d62728"))
+        ax.bar(x + i * width, values, width, label=name, color=BASELINE_COLORS.get(name, "#d62728"))
     ax.set_xticks(x + width * (len(series) - 1) / 2, timed["case"], rotation=15, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("GPU time per call (µs, log)")
@@ -75,7 +75,7 @@ def errors(runs: pd.DataFrame, provenance: str):
     return fig
 
 
-SDPA_MARKERS = {"sdpa_default": "o", "sdpa_flash": "s", "sdpa_efficient": "^", "sdpa_cudnn": "D", "triton": "v"}
+BASELINE_MARKERS = {"sdpa_default": "o", "sdpa_flash": "s", "sdpa_efficient": "^", "sdpa_cudnn": "D", "triton": "v"}
 
 
 def _draw_ladder(ax, records: dict[str, dict], case: str, backends) -> None:
@@ -86,7 +86,7 @@ def _draw_ladder(ax, records: dict[str, dict], case: str, backends) -> None:
     ax.barh(names, ours, color="#d62728", label="FlashCore phase")
     for backend in backends:
         sdpa = [baseline_us(run["baselines"], backend) for run in runs]
-        ax.plot(np.array(sdpa, dtype=float), names, marker=SDPA_MARKERS[backend], color=SDPA_COLORS[backend],
+        ax.plot(np.array(sdpa, dtype=float), names, marker=BASELINE_MARKERS[backend], color=BASELINE_COLORS[backend],
                 linewidth=0.8, zorder=3, label=f"{backend.replace('_', ' ')}, same run")
     for y, value in enumerate(ours):
         ax.text(value, y, f" {value:,.1f} µs", va="center", fontsize=8)

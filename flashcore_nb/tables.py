@@ -17,10 +17,6 @@ def correctness(runs: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-BASELINE_LABELS = {"sdpa_default": "SDPA default", "sdpa_flash": "SDPA flash (FA2)", "sdpa_efficient": "SDPA efficient",
-                   "sdpa_cudnn": "SDPA cuDNN", "triton": "Triton peer"}
-
-
 def speed(runs: pd.DataFrame, matmul_tflops: float | None = None) -> pd.DataFrame:
     """GPU time (µs, median over interleaved rounds) of the phase and of every baseline from the same
     run, the phase's spread over the rounds, its paired time ratio to SDPA default and to the Triton
