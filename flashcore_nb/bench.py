@@ -1,9 +1,12 @@
 """Speed: ours and every baseline timed in interleaved rounds, in one process, on the same inputs.
 
-Each method is captured once as a CUDA graph of back-to-back calls (launch overhead excluded: GPU
-time). Then every round replays each method's graph in turn (A B C …, the starting method rotated
-from round to round), so that whatever drifts during a run (clocks, temperature, a neighbour on
-the GPU) touches every method alike. A round also times back-to-back Python calls (call latency:
+Each method is captured as a CUDA graph of back-to-back calls (launch overhead excluded: GPU
+time), once per copy of the inputs. Then every round replays each method's graph in turn (A B C …,
+the starting method rotated from round to round), so that whatever drifts during a run (clocks,
+temperature, a neighbour on the GPU) touches every method alike. The rounds cycle through
+INPUT_COPIES copies of the same inputs at different addresses: a placement that happens to slow
+one kernel down (seen once in two runs, at the mission shape) then holds a minority of the rounds,
+and the medians step over it. A round also times back-to-back Python calls (call latency:
 what a user's loop sees). Per method the record keeps the median and the spread over rounds; a
 ratio between two methods is the median of their per-round ratios (paired), never a ratio of
 medians taken at different times."""
@@ -30,6 +33,7 @@ SDPA_BACKENDS = {
 TRITON = "triton"                        # the project's own Triton kernel (triton_peer.py)
 BASELINES = (*SDPA_BACKENDS, TRITON)     # every method a phase is timed beside
 ROUNDS = 9                               # odd, so the median of a ratio is the inverse of the inverse's
+INPUT_COPIES = 3                         # rounds cycle through this many copies of the inputs
 GRAPH_TARGET_MS = 5.0                    # one graph replay lasts about this long
 REPLAYS_PER_ROUND = 3                    # a round's sample is the median of this many replays
 LATENCY_TARGET_MS = 20.0                 # back-to-back calls per round: about this long, 3 at least
@@ -104,20 +108,26 @@ def sm_clock_mhz(busy: _Graph) -> float | None:
 
 
 def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
-    """Time every call in interleaved rounds: name -> {gpu_us (median), gpu_us_min, gpu_us_max,
-    gpu_us_rounds, call_us (median), call_us_rounds}, plus "sm_clock_mhz": [before, after]."""
-    graphs = {name: _Graph(call) for name, call in calls.items()}
+    """Time every method in interleaved rounds. `calls`: name -> one call per copy of the inputs (the
+    same number for every method); round r runs every method on copy r mod copies. Returns name ->
+    {gpu_us (median), gpu_us_min, gpu_us_max, gpu_us_rounds, call_us (median), call_us_rounds}, plus
+    "sm_clock_mhz": [before, after]."""
+    copies = {len(per_copy) for per_copy in calls.values()}
+    if len(copies) != 1:
+        raise ValueError(f"every method needs one call per copy of the inputs; got {copies} calls")
+    graphs = {name: [_Graph(call) for call in per_copy] for name, per_copy in calls.items()}
     names = list(graphs)
     # A slow method's call latency is its GPU time: a few calls tell it.
-    per_method_calls = {name: max(3, min(latency_calls, round(LATENCY_TARGET_MS * 1e3 / (g.estimate_us + 1e-3))))
+    per_method_calls = {name: max(3, min(latency_calls, round(LATENCY_TARGET_MS * 1e3 / (g[0].estimate_us + 1e-3))))
                         for name, g in graphs.items()}
     samples = {name: {"gpu": [], "call": []} for name in names}
-    first = graphs[names[0]]
+    first = graphs[names[0]][0]
     clock_before = sm_clock_mhz(first)
     for r in range(rounds + 1):          # round 0 warms every method up and is not kept
+        copy = r % len(graphs[names[0]])
         for name in names[r % len(names):] + names[:r % len(names)]:
-            gpu = graphs[name].gpu_us()
-            call = call_latency_us(calls[name], per_method_calls[name])
+            gpu = graphs[name][copy].gpu_us()
+            call = call_latency_us(calls[name][copy], per_method_calls[name])
             if r:
                 samples[name]["gpu"].append(gpu)
                 samples[name]["call"].append(call)
@@ -126,6 +136,11 @@ def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
                for name, s in samples.items()}
     timings["sm_clock_mhz"] = [clock_before, sm_clock_mhz(first)]
     return timings
+
+
+def input_copies(q, k, v, copies: int = INPUT_COPIES) -> list[tuple]:
+    """The inputs and copies-1 clones of them, each at its own address."""
+    return [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(copies - 1)]
 
 
 def paired_ratio(a: dict, b: dict, key: str = "gpu_us") -> float:
@@ -158,11 +173,16 @@ def triton_call(q, k, v, causal: bool):
     return lambda: triton_peer.attention(q, k, v, causal=causal, out=out)
 
 
-def baseline_calls(names, q, k, v, causal: bool) -> dict:
-    """name -> call for each baseline that runs here (absent ones are left out)."""
-    calls = {name: (triton_call(q, k, v, causal) if name == TRITON else sdpa_call(SDPA_BACKENDS[name], q, k, v, causal))
-             for name in names}
-    return {name: call for name, call in calls.items() if call is not None}
+def baseline_calls(names, inputs: list[tuple], causal: bool) -> dict:
+    """name -> one call per copy of the inputs, for each baseline that runs here (absent ones are left out)."""
+    def calls_for(name):
+        make = (lambda q, k, v: triton_call(q, k, v, causal)) if name == TRITON else \
+            (lambda q, k, v: sdpa_call(SDPA_BACKENDS[name], q, k, v, causal))
+        per_copy = [make(*qkv) for qkv in inputs]
+        return None if any(call is None for call in per_copy) else per_copy
+
+    calls = {name: calls_for(name) for name in names}
+    return {name: per_copy for name, per_copy in calls.items() if per_copy is not None}
 
 
 def latency_calls(case: Case) -> int:
@@ -172,12 +192,14 @@ def latency_calls(case: Case) -> int:
 def compare(fns: dict, case: Case, baselines=BASELINES, dtype=torch.float16, rounds: int = ROUNDS) -> dict:
     """FlashCore functions (label -> fn) and baselines timed in the same interleaved rounds on the same
     inputs: label/baseline -> timing (interleaved()) with its TFLOP/s, and "sm_clock_mhz"."""
-    q, k, v = make_inputs(case, dtype, seed=1)
-    calls = {}
-    for label, fn in fns.items():
+    inputs = input_copies(*make_inputs(case, dtype, seed=1))
+
+    def phase_call(fn, q, k, v):
         out = torch.empty_like(q)
-        calls[label] = (lambda fn, out: lambda: fn(q, k, v, causal=case.causal, out=out))(fn, out)
-    calls.update(baseline_calls(baselines, q, k, v, case.causal))
+        return lambda: fn(q, k, v, causal=case.causal, out=out)
+
+    calls = {label: [phase_call(fn, *qkv) for qkv in inputs] for label, fn in fns.items()}
+    calls.update(baseline_calls(baselines, inputs, case.causal))
     timings = interleaved(calls, latency_calls(case), rounds)
     for name in calls:
         timings[name]["tflops"] = case.flops() / (timings[name]["gpu_us"] * 1e-6) / 1e12

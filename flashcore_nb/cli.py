@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -9,7 +9,8 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 (--phase p07_registers, p08_wgmma, or all);
 profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
-records (the methodology page's experiment). The last eight write
+records (the methodology page's experiment); split: where p07's key-split path pays, on small
+problems (chapter 7). The last nine write
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "drift", "figures"])
+                                            "drift", "split", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record, "profile": profile.record,
-                 "peaks": peaks.record, "drift": drift.record}
+                 "peaks": peaks.record, "drift": drift.record,
+                 "split": experiments.record_key_split}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0

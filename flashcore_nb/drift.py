@@ -38,7 +38,7 @@ def conditions() -> list[str]:
 
 def _time(q, k, v, case) -> dict:
     from . import bench
-    calls = bench.baseline_calls(METHODS, q, k, v, case.causal)
+    calls = bench.baseline_calls(METHODS, [(q, k, v)], case.causal)   # one placement: the one under test
     t = bench.interleaved(calls, bench.latency_calls(case), ROUNDS)
     return {"case": case.name, **{f"{m}_us": t[m]["gpu_us"] for m in METHODS},
             **{f"{m}_spread_us": [t[m]["gpu_us_min"], t[m]["gpu_us_max"]] for m in METHODS},
@@ -78,8 +78,8 @@ def run_condition(condition: str) -> list[dict]:
         from .bench import baseline_calls, gpu_time_us
         rows = []
         for case in cases:
-            calls = baseline_calls(METHODS, *make_inputs(case, torch.float16, seed=1), case.causal)
-            rows.append({"case": case.name, **{f"{m}_us": gpu_time_us(calls[m])["gpu_us"] for m in METHODS}})
+            calls = baseline_calls(METHODS, [make_inputs(case, torch.float16, seed=1)], case.causal)
+            rows.append({"case": case.name, **{f"{m}_us": gpu_time_us(calls[m][0])["gpu_us"] for m in METHODS}})
         return rows
     if condition == "after-record":
         from .binding import load

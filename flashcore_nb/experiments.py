@@ -238,6 +238,49 @@ def record_ablations(phase_name: str) -> Path:
     return results.write(record)
 
 
+# --- where the key split pays (chapter 7) -----------------------------------------------------------
+
+KEY_SPLIT_PHASE = next(name for name, phase in PHASES.items() if phase.key_split)
+KEY_SPLIT_RECORD = f"{KEY_SPLIT_PHASE}_key_split"
+KEY_SPLIT_PATHS = {"large tiles": {"SMALL_PROBLEM_CTAS": 0}, "key split": {"SMALL_PROBLEM_CTAS": 1 << 30}}
+
+
+def large_tile_ctas(case: shapes.Case, cc: int) -> int:
+    """CTAs of the large-tile grid (one per query tile, before the persistent cap)."""
+    params = get(KEY_SPLIT_PHASE).tile_params_for(cc)
+    block_m = params["BLOCK_M_D128"] if case.head_dim == 128 else params["BLOCK_M"]
+    return -(-case.seqlen_q // block_m) * case.heads * case.batch
+
+
+def record_key_split() -> Path:
+    """Both paths forced, and the defaults' choice, timed beside SDPA default on every small problem
+    (each checked first on that problem)."""
+    import torch
+
+    from .bench import compare, paired_ratio
+    from .binding import load as load_phase
+    from .check import check
+    gpu = env.gpu()
+    fns = {label: load_phase(KEY_SPLIT_PHASE, **defines) for label, defines in KEY_SPLIT_PATHS.items()}
+    fns["defaults"] = load_phase(KEY_SPLIT_PHASE)
+    rows = []
+    for case in shapes.SMALL:
+        for label, fn in fns.items():
+            result = check(fn, case, torch.float16)
+            if not result.passed:
+                raise AssertionError(f"{label} is wrong on {case.name}: {result}")
+        timings = compare(fns, case, ("sdpa_default",), rounds=EXPERIMENT_ROUNDS)
+        row = {"case": case.name, "shape": case.label(), "ctas": large_tile_ctas(case, gpu.cc), "sms": gpu.sms,
+               "sdpa_default_us": timings["sdpa_default"]["gpu_us"], "sm_clock_mhz": timings["sm_clock_mhz"]}
+        for label in fns:
+            row[f"{label}_us"] = timings[label]["gpu_us"]
+            row[f"{label}_spread_us"] = [timings[label]["gpu_us_min"], timings[label]["gpu_us_max"]]
+            row[f"{label}_vs_sdpa"] = paired_ratio(timings[label], timings["sdpa_default"])
+        row["split_over_large"] = paired_ratio(timings["key split"], timings["large tiles"])
+        rows.append(row)
+    return results.write(make_record(KEY_SPLIT_RECORD, KEY_SPLIT_PHASE, {**KEY_SPLIT_PATHS, "defaults": {}}, rows))
+
+
 def ablation_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
     record = load(f"{phase_name}_ablations", gpu_slug)
     return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)

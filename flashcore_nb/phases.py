@@ -326,7 +326,7 @@ _REGISTRY = [
         tile_params={"BLOCK_M": 128, "BLOCK_N": 64, "WARP_ROWS": 32, "STAGES": 2,
                      "BLOCK_M_D128": 128, "STAGES_D128": 1,
                      "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
-                     "SMALL_PROBLEM_CTAS": -1, "Q_IN_REGS_MAX_D": 64,
+                     "SMALL_PROBLEM_CTAS": -1, "SMALL_PROBLEM_FILL": 50, "Q_IN_REGS_MAX_D": 64,
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
                      "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,

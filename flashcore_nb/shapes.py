@@ -73,7 +73,20 @@ TIMING = [
     Case("b2h16_s4096_d128", 2, 16, 4096, 128),
 ]
 
-SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "mission": [MISSION]}
+# Small problems, where the large-tile grid leaves SMs idle: batch, heads and length chosen so that
+# 128-row query tiles make 32 to 256 CTAs (where p07's key-split path stops paying).
+SMALL = [
+    Case(f"b{b}h{h}_s{s}" + ("_d128" if d == 128 else "") + ("_causal" if causal else ""), b, h, s, d, causal=causal)
+    for b, h, s, d, causal in [
+        (1, 8, 512, 64, False), (2, 8, 512, 64, False), (3, 8, 512, 64, False), (4, 8, 512, 64, False),
+        (6, 8, 512, 64, False), (8, 8, 512, 64, False), (1, 8, 512, 64, True), (4, 8, 512, 64, True),
+        (1, 8, 512, 128, False), (2, 8, 512, 128, False), (4, 8, 512, 128, False),
+        (1, 2, 2048, 64, False), (1, 4, 2048, 64, False), (1, 8, 2048, 64, False),
+        (8, 8, 128, 64, False), (32, 8, 128, 64, False),
+    ]
+]
+
+SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "mission": [MISSION]}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

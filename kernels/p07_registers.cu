@@ -84,9 +84,13 @@
 #ifndef KV_SPLIT
 #define KV_SPLIT 4
 #endif
-// Take the key-split path when the large-tile grid has fewer CTAs than this; -1: the GPU's SM count.
+// Take the key-split path when the large-tile grid has fewer CTAs than this; -1: SMALL_PROBLEM_FILL
+// percent of the GPU's SM count (a grid that fills more leaves too few idle SMs to repay the split).
 #ifndef SMALL_PROBLEM_CTAS
 #define SMALL_PROBLEM_CTAS -1
+#endif
+#ifndef SMALL_PROBLEM_FILL
+#define SMALL_PROBLEM_FILL 50
 #endif
 #ifndef Q_IN_REGS_MAX_D
 #define Q_IN_REGS_MAX_D 64
@@ -609,9 +613,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
 // The key-split path when the large-tile grid would leave SMs idle.
 static bool use_split_tiles(const FlashParams& p) {
   if (KV_SPLIT == 1) return false;
-  int threshold = SMALL_PROBLEM_CTAS, device = 0;
-  if (threshold < 0 && (cudaGetDevice(&device) != cudaSuccess || device_sm_count(device, &threshold) != cudaSuccess))
-    return false;
+  int threshold = SMALL_PROBLEM_CTAS, device = 0, sms = 0;
+  if (threshold < 0) {
+    if (cudaGetDevice(&device) != cudaSuccess || device_sm_count(device, &sms) != cudaSuccess) return false;
+    threshold = sms * SMALL_PROBLEM_FILL / 100;
+  }
   const int block_m = p.head_dim == 128 ? BLOCK_M_D128 : BLOCK_M;
   const long long ctas = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.heads * p.batch;
   return ctas < threshold;
