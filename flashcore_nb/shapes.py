@@ -74,7 +74,7 @@ TIMING = [
 ]
 
 # Small problems, where the large-tile grid leaves SMs idle: batch, heads and length chosen so that
-# 128-row query tiles make 32 to 256 CTAs (where p07's key-split path stops paying).
+# 128-row query tiles make 16 to 256 CTAs (where p07's key-split path stops paying).
 SMALL = [
     Case(f"b{b}h{h}_s{s}" + ("_d128" if d == 128 else "") + ("_causal" if causal else ""), b, h, s, d, causal=causal)
     for b, h, s, d, causal in [
@@ -82,7 +82,7 @@ SMALL = [
         (6, 8, 512, 64, False), (8, 8, 512, 64, False), (1, 8, 512, 64, True), (4, 8, 512, 64, True),
         (1, 8, 512, 128, False), (2, 8, 512, 128, False), (4, 8, 512, 128, False),
         (1, 2, 2048, 64, False), (1, 4, 2048, 64, False), (1, 8, 2048, 64, False),
-        (8, 8, 128, 64, False), (32, 8, 128, 64, False),
+        (2, 8, 128, 64, False), (4, 8, 128, 64, False), (8, 8, 128, 64, False), (32, 8, 128, 64, False),
     ]
 ]
 
