@@ -4,7 +4,7 @@ Each method is captured as a CUDA graph of back-to-back calls (launch overhead e
 time), once per copy of the inputs. Then every round replays each method's graph in turn (A B C …,
 the starting method rotated from round to round), so that whatever drifts during a run (clocks,
 temperature, a neighbour on the GPU) touches every method alike. The rounds cycle through
-INPUT_COPIES copies of the same inputs at different addresses: a placement that happens to slow
+three copies of the same inputs at different addresses: a placement that happens to slow
 one kernel down (seen once in two runs, at the mission shape) then holds a minority of the rounds,
 and the medians step over it. A round also times back-to-back Python calls (call latency:
 what a user's loop sees). Per method the record keeps the median and the spread over rounds; a
@@ -33,7 +33,7 @@ SDPA_BACKENDS = {
 TRITON = "triton"                        # the project's own Triton kernel (triton_peer.py)
 BASELINES = (*SDPA_BACKENDS, TRITON)     # every method a phase is timed beside
 ROUNDS = 9                               # odd, so the median of a ratio is the inverse of the inverse's
-INPUT_COPIES = 3                         # rounds cycle through this many copies of the inputs
+COPY_OFFSETS_KB = (1028, 3140)           # the rounds cycle through the inputs and copies placed at these
 GRAPH_TARGET_MS = 5.0                    # one graph replay lasts about this long
 REPLAYS_PER_ROUND = 3                    # a round's sample is the median of this many replays
 LATENCY_TARGET_MS = 20.0                 # back-to-back calls per round: about this long, 3 at least
@@ -69,15 +69,15 @@ class _Graph:
         self.graph.replay()
         torch.cuda.synchronize()
 
-    def gpu_us(self) -> float:
-        """GPU time of one call: the median of a few replays."""
-        return statistics.median(event_time_us(self.graph.replay, 1) / self.calls for _ in range(REPLAYS_PER_ROUND))
+    def replay_us(self) -> float:
+        """GPU time of one call, from one replay."""
+        return event_time_us(self.graph.replay, 1) / self.calls
 
 
 def gpu_time_us(call, repeats: int = 15) -> dict:
     """One method alone (chapter 0's timing-method experiment): median and minimum over replays."""
     graph = _Graph(call)
-    times = [event_time_us(graph.graph.replay, 1) / graph.calls for _ in range(repeats)]
+    times = [graph.replay_us() for _ in range(repeats)]
     return {"gpu_us": statistics.median(times), "gpu_us_min": min(times), "gpu_us_all": times}
 
 
@@ -94,7 +94,7 @@ def call_latency_us(call, calls: int = 50) -> float:
 
 def sm_clock_mhz(busy: _Graph) -> float | None:
     """The SM clock nvidia-smi reads while `busy` keeps the GPU working (None without nvidia-smi)."""
-    for _ in range(max(1, round(CLOCK_PROBE_MS * 1e3 / (busy.gpu_us() * busy.calls)))):
+    for _ in range(max(1, round(CLOCK_PROBE_MS * 1e3 / (busy.replay_us() * busy.calls)))):
         busy.graph.replay()
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits",
@@ -125,11 +125,16 @@ def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
     clock_before = sm_clock_mhz(first)
     for r in range(rounds + 1):          # round 0 warms every method up and is not kept
         copy = r % len(graphs[names[0]])
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            gpu = graphs[name][copy].gpu_us()
+        order = names[r % len(names):] + names[:r % len(names)]
+        # The replays of all methods alternate (A B C A B C …): a round's samples share one stretch of clock.
+        replays = {name: [] for name in names}
+        for _ in range(REPLAYS_PER_ROUND):
+            for name in order:
+                replays[name].append(graphs[name][copy].replay_us())
+        for name in order:
             call = call_latency_us(calls[name][copy], per_method_calls[name])
             if r:
-                samples[name]["gpu"].append(gpu)
+                samples[name]["gpu"].append(statistics.median(replays[name]))
                 samples[name]["call"].append(call)
     timings = {name: {"gpu_us": statistics.median(s["gpu"]), "gpu_us_min": min(s["gpu"]), "gpu_us_max": max(s["gpu"]),
                       "gpu_us_rounds": s["gpu"], "call_us": statistics.median(s["call"]), "call_us_rounds": s["call"]}
@@ -138,9 +143,22 @@ def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
     return timings
 
 
-def input_copies(q, k, v, copies: int = INPUT_COPIES) -> list[tuple]:
-    """The inputs and copies-1 clones of them, each at its own address."""
-    return [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(copies - 1)]
+def placed(tensors, offset_bytes: int) -> list:
+    """Contiguous copies of `tensors`, laid out one after another from `offset_bytes` into one new buffer."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    buffer = torch.empty(offset_bytes + sum(sizes), dtype=torch.uint8, device=tensors[0].device)
+    copies, at = [], offset_bytes
+    for t, size in zip(tensors, sizes):
+        view = buffer[at:at + size].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        copies.append(view)
+        at += size
+    return copies
+
+
+def input_copies(q, k, v) -> list[tuple]:
+    """The inputs, and copies of them in buffers of their own at other offsets (other pages, other L2 sets)."""
+    return [(q, k, v)] + [tuple(placed((q, k, v), kb * 1024)) for kb in COPY_OFFSETS_KB]
 
 
 def paired_ratio(a: dict, b: dict, key: str = "gpu_us") -> float:

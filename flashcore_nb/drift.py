@@ -51,18 +51,9 @@ def _placed(case, offset_bytes: int):
     into one buffer."""
     import torch
 
+    from .bench import placed
     from .check import make_inputs
-    tensors = make_inputs(case, torch.float16, seed=1)
-    total = offset_bytes + sum(t.numel() * t.element_size() for t in tensors)
-    buffer = torch.empty(total, dtype=torch.uint8, device="cuda")
-    placed, at = [], offset_bytes
-    for t in tensors:
-        size = t.numel() * t.element_size()
-        view = buffer[at:at + size].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        placed.append(view)
-        at += size
-    return placed
+    return placed(make_inputs(case, torch.float16, seed=1), offset_bytes)
 
 
 def run_condition(condition: str) -> list[dict]:
