@@ -72,14 +72,14 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
 
 
 def test_two_record_runs_agree():
-    """The timing method's claim as chapter 0 states it: a second `record --repeat` run reproduces the
-    paired ratios, half of them within 1% and at least 95% within 5%. (Not every one: at the mission
-    shape a phase's own GPU time can move between runs while its baselines move less; chapter 0
-    shows those.)"""
+    """The timing method's claim as the methodology page states it: a second `record --repeat` run
+    reproduces the paired ratios, half of them within 1%, at least 99% within 5% and none beyond 6%
+    (the exceptions: the scalar phases' mission shape, where a method's time shifts per process)."""
     table = results.agreement()
     assert set(table["phase"]) == set(phases.PHASES), "record every phase twice (record --repeat)"
     differs = table["ratio differs %"]
-    assert differs.median() <= 1.0 and (differs <= 5.0).mean() >= 0.95, table.sort_values("ratio differs %").tail()
+    worst = table.sort_values("ratio differs %").tail()
+    assert differs.median() <= 1.0 and (differs <= 5.0).mean() >= 0.99 and differs.max() <= 6.0, worst
 
 
 def test_repeat_records_are_current():
