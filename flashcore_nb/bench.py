@@ -187,8 +187,7 @@ def triton_call(q, k, v, causal: bool):
         from . import triton_peer
     except ImportError:
         return None
-    out = torch.empty_like(q)
-    return lambda: triton_peer.attention(q, k, v, causal=causal, out=out)
+    return lambda: triton_peer.attention(q, k, v, causal=causal)
 
 
 def baseline_calls(names, inputs: list[tuple], causal: bool) -> dict:
@@ -212,9 +211,8 @@ def compare(fns: dict, case: Case, baselines=BASELINES, dtype=torch.float16, rou
     inputs: label/baseline -> timing (interleaved()) with its TFLOP/s, and "sm_clock_mhz"."""
     inputs = input_copies(*make_inputs(case, dtype, seed=1))
 
-    def phase_call(fn, q, k, v):
-        out = torch.empty_like(q)
-        return lambda: fn(q, k, v, causal=case.causal, out=out)
+    def phase_call(fn, q, k, v):   # allocates its output, as SDPA does
+        return lambda: fn(q, k, v, causal=case.causal)
 
     calls = {label: [phase_call(fn, *qkv) for qkv in inputs] for label, fn in fns.items()}
     calls.update(baseline_calls(baselines, inputs, case.causal))

@@ -219,7 +219,7 @@ def _compile(phase_name, name, directory, cc, tile_params, progress):
     log_file = directory / "build.log"
     label = f"compiling {phase_name} for sm_{cc}"
     try:
-        with _progress(label, enabled=progress), _capture_fd1(log_file):
+        with progress_ticker(label, enabled=progress), capture_fd1(log_file):
             module = load_inline(
                 name=name,
                 cpp_sources=BINDING_FILE.read_text(),
@@ -239,7 +239,7 @@ def _compile(phase_name, name, directory, cc, tile_params, progress):
 
 
 @contextlib.contextmanager
-def _capture_fd1(path: Path):
+def capture_fd1(path: Path):
     """Send file descriptor 1 (where ninja and nvcc write) to `path` for the duration."""
     sys.stdout.flush()
     saved = os.dup(1)
@@ -256,7 +256,7 @@ def _capture_fd1(path: Path):
 
 
 @contextlib.contextmanager
-def _progress(label: str, enabled: bool):
+def progress_ticker(label: str, enabled: bool):
     """A one-line elapsed-time ticker on stderr while a compile runs (stdout is redirected)."""
     if not enabled:
         yield

@@ -189,3 +189,64 @@ def test_bench_times_every_baseline_in_interleaved_rounds(cuda):
         assert len(timing["gpu_us_rounds"]) == 3 and timing["call_us"] > 0
         ratios = sorted(a / b for a, b in zip(run["gpu_us_rounds"], timing["gpu_us_rounds"]))
         assert timing["time_ratio"] == pytest.approx(ratios[1])
+
+
+# --- the call path: one operator call per launch (csrc/launcher.cpp) ---------------------------------
+
+def test_inputs_are_validated_once_per_signature(cuda, monkeypatch):
+    from flashcore_nb import binding
+    fn = flashcore_nb.load("p07_registers")
+    q, k, v = make_inputs(Case("sig", 1, 2, 70, 64), seed=3)
+    calls = []
+    real = binding._validate
+    monkeypatch.setattr(binding, "_validate", lambda *args: calls.append(args) or real(*args))
+    first = fn(q, k, v)
+    for _ in range(3):
+        torch.testing.assert_close(fn(q, k, v), first, rtol=0, atol=0)
+    assert len(calls) == 1
+    fn(q, k, v, causal=True)
+    fn(q[:, :, :64], k, v)
+    assert len(calls) == 3, "a new signature (causal, shape) is validated again"
+    with pytest.raises(ValueError, match="must have rank 4"):
+        fn(q[0], k, v)
+
+
+@pytest.mark.parametrize("name", ["p01_baseline", "p07_registers"])
+def test_inputs_that_require_grad_are_refused_at_the_call(cuda, name):
+    fn = flashcore_nb.load(name)
+    q, k, v = make_inputs(MISSION)
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="forward only"):
+        fn(q, k, v)
+    with torch.no_grad():
+        fn(q, k, v)
+    torch.cuda.synchronize()
+
+
+def test_torch_compile_fullgraph_matches_eager(cuda):
+    fn = flashcore_nb.load("p07_registers")
+    q, k, v = make_inputs(Case("compiled", 2, 4, 200, 64), seed=4)
+
+    def block(q, k, v):
+        return fn(q * 0.5, k, v, causal=True) + 1
+
+    compiled = torch.compile(block, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
+    bad = torch.randn(2, 4, 200, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="does not support head_dim 96"):
+        torch.compile(lambda q: fn(q, q, q), fullgraph=True)(bad)
+
+
+def test_cuda_graph_replays_with_new_inputs(cuda):
+    fn = flashcore_nb.load("p07_registers")
+    case = Case("graph", 1, 8, 512, 64)
+    q, k, v = make_inputs(case, seed=5)
+    fn(q, k, v)   # validated and warm before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(q, k, v)
+    for seed in (6, 7):
+        for dst, src in zip((q, k, v), make_inputs(case, seed=seed)):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(out, fn(q, k, v), rtol=0, atol=0)

@@ -1,9 +1,8 @@
-// The one Python binding for every phase. It knows nothing about tensors: flashcore_nb/binding.py
-// validates them and passes raw pointers, strides and sizes, so this file needs no torch headers
-// and compiles in seconds.
+// The one Python binding for every phase. It knows nothing about tensors, so this file needs no torch
+// headers and compiles in seconds. Calls go through the launcher (csrc/launcher.cpp), which takes the
+// address forward_address() returns; smem_bytes() takes raw pointers, strides and sizes.
 #include <cstdint>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include <pybind11/pybind11.h>
@@ -50,15 +49,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Shared memory (bytes) one CTA needs for these parameters.");
   m.def(
-      "forward",
-      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
-         const std::vector<int64_t>& strides, const std::vector<int>& sizes, float scale,
-         bool causal, int dtype, std::uintptr_t stream) {
-        const FlashParams p = make_params(q, k, v, o, strides, sizes, scale, causal, dtype);
-        const cudaError_t err = flashcore_forward(&p, reinterpret_cast<cudaStream_t>(stream));
-        if (err != cudaSuccess)
-          throw std::runtime_error(std::string("kernel launch failed: ") + cudaGetErrorName(err) +
-                                   ": " + cudaGetErrorString(err));
-      },
-      "Launch the phase's kernel on the given stream (raises on a launch error).");
+      "forward_address", [] { return reinterpret_cast<std::uintptr_t>(&flashcore_forward); },
+      "Address of flashcore_forward, for the launcher (csrc/launcher.cpp).");
 }
