@@ -157,6 +157,7 @@ def load(name: str, **tile_params):
         return out
 
     attention.phase = phase
+    attention.handle = handle   # for torch.ops.flashcore.* (the launcher's phase handle)
     attention.tile_params = params
     attention.build = built
     return attention

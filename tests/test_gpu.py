@@ -233,8 +233,26 @@ def test_torch_compile_fullgraph_matches_eager(cuda):
     compiled = torch.compile(block, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
     bad = torch.randn(2, 4, 200, 96, device="cuda", dtype=torch.float16)
-    with pytest.raises(ValueError, match="does not support head_dim 96"):
+    with pytest.raises(RuntimeError, match="does not support head_dim 96"):
         torch.compile(lambda q: fn(q, q, q), fullgraph=True)(bad)
+    torch.cuda.synchronize()
+
+
+def test_the_operator_checks_what_keeps_a_launch_safe(cuda):
+    """The C++ checks behind torch.compile, where Python's validation does not run."""
+    fn = flashcore_nb.load("p07_registers")
+    q, k, v = make_inputs(Case("op", 1, 2, 64, 64))
+    op = torch.ops.flashcore.attention
+    bad = {"rank 4": (q[0], k, v), "same shape": (q, k, v[:, :, :32]), "contiguous": (q.transpose(2, 3), k, v),
+           "16-byte aligned": (q.view(-1)[1:1 + 2 * 63 * 64].view(1, 2, 63, 64), k, v),
+           "float16 or bfloat16": (q.float(), k.float(), v.float()), "CUDA tensors": (q.cpu(), k, v)}
+    for message, args in bad.items():
+        with pytest.raises(RuntimeError, match=message):
+            op(*args, False, 0.125, fn.handle)
+    with pytest.raises(RuntimeError, match="unknown FlashCore phase handle"):
+        op(q, k, v, False, 0.125, 10 ** 6)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(op(q, k, v, False, 0.125, fn.handle), fn(q, k, v), rtol=0, atol=0)
 
 
 def test_cuda_graph_replays_with_new_inputs(cuda):

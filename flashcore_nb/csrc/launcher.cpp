@@ -48,28 +48,28 @@ int64_t register_phase(int64_t forward, int64_t head_dims_mask, bool causal, boo
 
 void check_inputs(const PhaseEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK_VALUE(t->is_cuda() && t->device() == q.device(), "q, k, v must be CUDA tensors on one device");
-    TORCH_CHECK_VALUE(t->dim() == 4, "q, k, v must have rank 4 (batch, heads, seq_len, head_dim)");
-    TORCH_CHECK_TYPE(t->scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
-    TORCH_CHECK_VALUE(t->stride(3) == 1, "the last dimension of q, k, v must be contiguous (stride 1)");
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "q, k, v must be CUDA tensors on one device");
+    TORCH_CHECK(t->dim() == 4, "q, k, v must have rank 4 (batch, heads, seq_len, head_dim)");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
+    TORCH_CHECK(t->stride(3) == 1, "the last dimension of q, k, v must be contiguous (stride 1)");
     if (entry.aligned_16b) {
       const int64_t elements = 16 / t->element_size();
-      TORCH_CHECK_VALUE(reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0 && t->stride(0) % elements == 0 &&
+      TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0 && t->stride(0) % elements == 0 &&
                             t->stride(1) % elements == 0 && t->stride(2) % elements == 0,
                         "q, k, v must be 16-byte aligned (data_ptr and batch/head/row strides)");
     }
   }
-  TORCH_CHECK_TYPE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "dtype must be float16 or bfloat16");
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k and v must have the same shape");
-  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "dtype must be float16 or bfloat16");
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
                     "q and k must agree on batch, heads and head_dim");
-  TORCH_CHECK_VALUE(q.numel() > 0 && k.numel() > 0, "empty input");
+  TORCH_CHECK(q.numel() > 0 && k.numel() > 0, "empty input");
   const int64_t d = q.size(3);
-  TORCH_CHECK_VALUE(d % 64 == 0 && d / 64 <= 62 && ((entry.head_dims_mask >> (d / 64 - 1)) & 1),
+  TORCH_CHECK(d % 64 == 0 && d / 64 <= 62 && ((entry.head_dims_mask >> (d / 64 - 1)) & 1),
                     "this phase does not support head_dim ", d);
-  TORCH_CHECK_VALUE(!causal || entry.causal, "this phase does not support causal=True");
-  TORCH_CHECK_VALUE(entry.cross_lengths || q.size(2) == k.size(2), "this phase needs equal query and key lengths");
-  TORCH_CHECK_VALUE(q.size(0) <= 65535 && q.size(1) <= 65535 && q.size(2) <= INT32_MAX && k.size(2) <= INT32_MAX,
+  TORCH_CHECK(!causal || entry.causal, "this phase does not support causal=True");
+  TORCH_CHECK(entry.cross_lengths || q.size(2) == k.size(2), "this phase needs equal query and key lengths");
+  TORCH_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535 && q.size(2) <= INT32_MAX && k.size(2) <= INT32_MAX,
                     "batch and heads must each be <= 65535");
 }
 
@@ -118,7 +118,7 @@ void attention_out_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         bool causal, double scale, int64_t phase) {
   const PhaseEntry entry = phase_entry(phase);
   check_inputs(entry, q, k, v, causal);
-  TORCH_CHECK_VALUE(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
                         out.stride(3) == 1,
                     "out must match q's shape, dtype and device, with a contiguous last dimension");
   launch(entry, q, k, v, out, causal, scale);
