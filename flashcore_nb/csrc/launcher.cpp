@@ -10,6 +10,8 @@
 // book shows; the checks here repeat the ones that keep a launch memory-safe, for the calls Python
 // does not see (torch.compile traces straight to the op).
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -24,6 +26,22 @@
 
 namespace {
 
+// Raises RuntimeError with a printf-formatted message. TORCH_CHECK with values streamed into its
+// message crashed the process (SIGSEGV) when thrown from this library on the H100's torch 2.11, while
+// TORCH_CHECK with one C string raised cleanly; so every message is formatted here first.
+template <typename... Args>
+[[noreturn]] void fail(const char* format, Args... args) {
+  char message[256];
+  std::snprintf(message, sizeof message, format, args...);
+  TORCH_CHECK(false, static_cast<const char*>(message));
+  std::abort();   // not reached: TORCH_CHECK(false, ...) throws
+}
+
+#define FLASHCORE_CHECK(cond, ...) \
+  do {                             \
+    if (!(cond)) fail(__VA_ARGS__); \
+  } while (0)
+
 struct PhaseEntry {
   flashcore_forward_fn forward;
   int64_t head_dims_mask;   // bit d/64 - 1 set for each supported head dim (64: bit 0, 128: bit 1)
@@ -35,7 +53,8 @@ std::vector<PhaseEntry> registry;   // only ever appended to: an index stays val
 
 PhaseEntry phase_entry(int64_t phase) {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  TORCH_CHECK(phase >= 0 && phase < static_cast<int64_t>(registry.size()), "unknown FlashCore phase handle ", phase);
+  FLASHCORE_CHECK(phase >= 0 && phase < static_cast<int64_t>(registry.size()), "unknown FlashCore phase handle %lld",
+                  static_cast<long long>(phase));
   return registry[phase];
 }
 
@@ -48,28 +67,28 @@ int64_t register_phase(int64_t forward, int64_t head_dims_mask, bool causal, boo
 
 void check_inputs(const PhaseEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "q, k, v must be CUDA tensors on one device");
-    TORCH_CHECK(t->dim() == 4, "q, k, v must have rank 4 (batch, heads, seq_len, head_dim)");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
-    TORCH_CHECK(t->stride(3) == 1, "the last dimension of q, k, v must be contiguous (stride 1)");
+    FLASHCORE_CHECK(t->is_cuda() && t->device() == q.device(), "q, k, v must be CUDA tensors on one device");
+    FLASHCORE_CHECK(t->dim() == 4, "q, k, v must have rank 4 (batch, heads, seq_len, head_dim)");
+    FLASHCORE_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
+    FLASHCORE_CHECK(t->stride(3) == 1, "the last dimension of q, k, v must be contiguous (stride 1)");
     if (entry.aligned_16b) {
       const int64_t elements = 16 / t->element_size();
-      TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0 && t->stride(0) % elements == 0 &&
+      FLASHCORE_CHECK(reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0 && t->stride(0) % elements == 0 &&
                             t->stride(1) % elements == 0 && t->stride(2) % elements == 0,
                         "q, k, v must be 16-byte aligned (data_ptr and batch/head/row strides)");
     }
   }
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "dtype must be float16 or bfloat16");
-  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+  FLASHCORE_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "dtype must be float16 or bfloat16");
+  FLASHCORE_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+  FLASHCORE_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
                     "q and k must agree on batch, heads and head_dim");
-  TORCH_CHECK(q.numel() > 0 && k.numel() > 0, "empty input");
+  FLASHCORE_CHECK(q.numel() > 0 && k.numel() > 0, "empty input");
   const int64_t d = q.size(3);
-  TORCH_CHECK(d % 64 == 0 && d / 64 <= 62 && ((entry.head_dims_mask >> (d / 64 - 1)) & 1),
-                    "this phase does not support head_dim ", d);
-  TORCH_CHECK(!causal || entry.causal, "this phase does not support causal=True");
-  TORCH_CHECK(entry.cross_lengths || q.size(2) == k.size(2), "this phase needs equal query and key lengths");
-  TORCH_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535 && q.size(2) <= INT32_MAX && k.size(2) <= INT32_MAX,
+  FLASHCORE_CHECK(d % 64 == 0 && d / 64 <= 62 && ((entry.head_dims_mask >> (d / 64 - 1)) & 1),
+                    "this phase does not support head_dim %lld", static_cast<long long>(d));
+  FLASHCORE_CHECK(!causal || entry.causal, "this phase does not support causal=True");
+  FLASHCORE_CHECK(entry.cross_lengths || q.size(2) == k.size(2), "this phase needs equal query and key lengths");
+  FLASHCORE_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535 && q.size(2) <= INT32_MAX && k.size(2) <= INT32_MAX,
                     "batch and heads must each be <= 65535");
 }
 
@@ -102,7 +121,7 @@ void launch(const PhaseEntry& entry, const at::Tensor& q, const at::Tensor& k, c
   const cudaError_t err = entry.forward(&params, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   // Too much shared memory for this GPU comes back as cudaErrorInvalidConfiguration (launch.cuh), not
   // a launch; Python's first-call validation names it (SharedMemoryError) before it gets here.
-  TORCH_CHECK(err == cudaSuccess, "kernel launch failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  FLASHCORE_CHECK(err == cudaSuccess, "kernel launch failed: %s: %s", cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
@@ -118,7 +137,7 @@ void attention_out_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         bool causal, double scale, int64_t phase) {
   const PhaseEntry entry = phase_entry(phase);
   check_inputs(entry, q, k, v, causal);
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
+  FLASHCORE_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
                         out.stride(3) == 1,
                     "out must match q's shape, dtype and device, with a contiguous last dimension");
   launch(entry, q, k, v, out, causal, scale);
@@ -134,7 +153,7 @@ void attention_out_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&,
 // Forward only: an input that requires grad under grad mode is refused here, at the call, rather than
 // returning an output whose backward fails later, far from the cause.
 void refuse_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())),
+  FLASHCORE_CHECK(!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())),
               "FlashCore kernels are forward only (no backward): call them under torch.no_grad() or "
               "torch.inference_mode(), or detach the inputs");
 }
