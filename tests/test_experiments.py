@@ -91,6 +91,15 @@ def test_sanitizer_record_finds_the_planted_bug_and_clears_the_kernel():
         assert "ERROR SUMMARY: 0 errors" in run["report"] or "RACECHECK SUMMARY: 0 hazards" in run["report"]
 
 
+def test_a_page_shows_the_report_without_compile_progress_and_with_the_exception():
+    planted = experiments.load("p06_sanitizer")["rows"][0]
+    shown = sanitize.shown_report(planted["report"])
+    assert "compiling p06_async" in planted["report"] and "compiling" not in shown
+    assert "Traceback" not in shown and "File " not in shown
+    assert shown.index("ERROR SUMMARY: 66 errors") < shown.index("CUDA error: unspecified launch failure")
+    assert "Invalid __shared__ write of size 16 bytes" in shown
+
+
 def test_sanitizer_targets_parse():
     assert sanitize.parse_target("p06_async") == ("p06_async", {})
     assert sanitize.parse_target("p05_tile64:BLOCK_M=32,NUM_WARPS=16") == ("p05_tile64", {"BLOCK_M": 32, "NUM_WARPS": 16})
