@@ -1,12 +1,15 @@
-"""Showing kernel source in a chapter: a whole phase, or the diff from the phase before it."""
+"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, and a
+phase's correctness in a line per dtype with the full table folded under it."""
 from __future__ import annotations
 
 import difflib
 import html
 import re
 
-from IPython.display import Code
+import pandas as pd
+from IPython.display import HTML, Code
 
+from . import tables
 from .phases import get
 
 # Whole-line colours of a diff, written inline so that no stylesheet of a book theme recolours them.
@@ -61,3 +64,23 @@ def kernel_diff(previous: str, current: str) -> Diff:
 
     lines = difflib.unified_diff(old[skip_old:], new[skip_new:], fromfile=a.name, tofile=b.name, lineterm="")
     return Diff("\n".join(renumber(line) for line in lines))
+
+
+def correctness(runs: pd.DataFrame) -> HTML:
+    """A phase's checks on the shape suite: one line per dtype (cases passed, outputs left unwritten, the
+    largest error as a multiple of SDPA's on the same inputs and where), and tables.correctness folded
+    under them."""
+    table = tables.correctness(runs)
+    lines = []
+    for dtype, part in table.groupby("dtype", sort=False):
+        failed = part.loc[~part["passed"], "case"].tolist()
+        passed = f"all {len(part)} cases pass" if not failed else \
+            f"{len(part) - len(failed)} of {len(part)} cases pass (failed: {', '.join(failed)})"
+        unwritten = int(part["unwritten"].sum())
+        written = "every output written" if unwritten == 0 else f"{unwritten} outputs unwritten"
+        worst = part.loc[part["err / sdpa err"].idxmax()]
+        lines.append(f"<li><b>{dtype}</b>: {passed}, {written}; the largest error is {worst['err / sdpa err']:.2f}× "
+                     f"SDPA's on the same inputs ({worst['case']}: {worst['max_abs_err']:.1e} against "
+                     f"{worst['sdpa_max_abs_err']:.1e})</li>")
+    full = table.style.format(precision=6).hide(axis="index").to_html()
+    return HTML(f"<ul>{''.join(lines)}</ul><details><summary>every case ({len(table)} checks)</summary>{full}</details>")

@@ -16,4 +16,5 @@ def test_book_builds_without_warnings(tmp_path, monkeypatch):
     page = (html / "notebooks" / "01_baseline.html").read_text()
     assert "recorded on NVIDIA H100 80GB HBM3" in page
     assert page.count("<img") >= 3, "chapter 1 should render its figures"
+    assert "<details><summary>every case" in page, "the correctness table folds under its summary"
     assert "On Colab: fetch" not in page, "the Colab setup cell runs on Colab, not on the page"

@@ -1,5 +1,5 @@
-"""What chapters show beside the measurements: kernel diffs."""
-from flashcore_nb import display
+"""What chapters show beside the measurements: kernel diffs and correctness summaries."""
+from flashcore_nb import display, measure
 from flashcore_nb.phases import get
 
 
@@ -21,3 +21,15 @@ def test_kernel_diff_renders_removed_lines_red_and_added_lines_green():
     assert page.startswith("<pre") and page.count("<span") == len(diff.text.splitlines())
     assert display.DIFF_STYLES["-"] in page and display.DIFF_STYLES["+"] in page
     assert repr(diff) == diff.text
+
+
+def test_correctness_is_a_line_per_dtype_with_the_table_folded_under_it(monkeypatch):
+    monkeypatch.setenv("FLASHCORE_MODE", "replay")
+    runs = measure.phase_runs("p03_wmma").runs          # replay: the H100 record, fp16 only
+    page = display.correctness(runs).data
+    summary, _, folded = page.partition("<details>")
+    assert summary.count("<li>") == 1 and "float16</b>: all 20 cases pass, every output written" in summary
+    assert "1.25× SDPA's on the same inputs (orig_256_b4" in summary
+    assert folded.count("<tr>") == len(runs) + 1            # every check, and the header row
+    runs.loc[0, "passed"], runs.loc[0, "unwritten"] = False, 3
+    assert "19 of 20 cases pass (failed: mission), 3 outputs unwritten" in display.correctness(runs).data
