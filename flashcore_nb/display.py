@@ -1,20 +1,86 @@
-"""Showing kernel source in a chapter: a whole phase, or the diff from the phase before it."""
+"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, and a
+phase's correctness in a line per dtype with the full table folded under it."""
 from __future__ import annotations
 
 import difflib
+import html
+import re
 
-from IPython.display import Code
+import pandas as pd
+from IPython.display import HTML, Code
 
+from . import tables
 from .phases import get
+
+# Whole-line colours of a diff, written inline so that no stylesheet of a book theme recolours them.
+DIFF_STYLES = {"-": "background:#ffebe9;color:#82071e", "+": "background:#e6ffec;color:#116329",
+               "@": "background:#ddf4ff;color:#0550ae"}
+HUNK = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
 def kernel_source(phase_name: str) -> Code:
     return Code(get(phase_name).kernel_file.read_text(), language="cuda")
 
 
-def kernel_diff(previous: str, current: str) -> Code:
-    """Unified diff of two phases' kernel files: the lesson of a chapter, line by line."""
+class Diff:
+    """A unified diff: removed lines red, added lines green, in Jupyter and on a static page alike;
+    the plain text everywhere else."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        lines = []
+        for line in self.text.splitlines():
+            style = "font-weight:bold" if line.startswith(("--- ", "+++ ")) else DIFF_STYLES.get(line[:1], "")
+            lines.append(f'<span style="display:block;{style}">{html.escape(line) or "&nbsp;"}</span>')
+        return f'<pre style="font-size:0.8em;line-height:1.35;overflow-x:auto">{"".join(lines)}</pre>'
+
+
+def header_lines(lines: list[str]) -> int:
+    """How many lines a kernel file's header comment takes (its leading // and blank lines)."""
+    count = 0
+    while count < len(lines) and (lines[count].startswith("//") or not lines[count].strip()):
+        count += 1
+    return count
+
+
+def kernel_diff(previous: str, current: str) -> Diff:
+    """Unified diff of two phases' kernel files, the lesson of a chapter line by line. The header comments
+    are left out (each says in prose what changed, as the chapter does); hunks keep the files' line numbers."""
     a, b = get(previous).kernel_file, get(current).kernel_file
-    lines = difflib.unified_diff(a.read_text().splitlines(), b.read_text().splitlines(),
-                                 fromfile=a.name, tofile=b.name, lineterm="")
-    return Code("\n".join(lines), language="diff")
+    old, new = a.read_text().splitlines(), b.read_text().splitlines()
+    skip_old, skip_new = header_lines(old), header_lines(new)
+
+    def renumber(line: str) -> str:
+        match = HUNK.match(line)
+        if not match:
+            return line
+        start_old, start_new = int(match[1]) + skip_old, int(match[3]) + skip_new
+        return f"@@ -{start_old}{match[2] or ''} +{start_new}{match[4] or ''} @@" + line[match.end():]
+
+    lines = difflib.unified_diff(old[skip_old:], new[skip_new:], fromfile=a.name, tofile=b.name, lineterm="")
+    return Diff("\n".join(renumber(line) for line in lines))
+
+
+def correctness(runs: pd.DataFrame) -> HTML:
+    """A phase's checks on the shape suite: one line per dtype (cases passed, outputs left unwritten, the
+    largest error as a multiple of SDPA's on the same inputs and where), and tables.correctness folded
+    under them."""
+    table = tables.correctness(runs)
+    lines = []
+    for dtype, part in table.groupby("dtype", sort=False):
+        failed = part.loc[~part["passed"], "case"].tolist()
+        passed = f"all {len(part)} cases pass" if not failed else \
+            f"{len(part) - len(failed)} of {len(part)} cases pass (failed: {', '.join(failed)})"
+        unwritten = int(part["unwritten"].sum())
+        written = "every output written" if unwritten == 0 else f"{unwritten} outputs unwritten"
+        worst = part.loc[part["err / sdpa err"].idxmax()]
+        lines.append(f"<li><b>{dtype}</b>: {passed}, {written}; the largest error is {worst['err / sdpa err']:.2f}× "
+                     f"SDPA's on the same inputs ({worst['case']}: {worst['max_abs_err']:.1e} against "
+                     f"{worst['sdpa_max_abs_err']:.1e})</li>")
+    full = table.style.format(precision=6).hide(axis="index").to_html()
+    return HTML(f"<ul>{''.join(lines)}</ul><details><summary>every case ({len(table)} checks)</summary>{full}</details>")

@@ -281,6 +281,24 @@ def record_key_split() -> Path:
     return results.write(make_record(KEY_SPLIT_RECORD, KEY_SPLIT_PHASE, {**KEY_SPLIT_PATHS, "defaults": {}}, rows))
 
 
+def key_split_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
+    """The recorded key-split crossover, one row per small problem: its sequence length, head dim and mask,
+    the large-tile grid's CTAs and their share of the SMs (`fill`), both paths forced and the defaults beside
+    SDPA default, `split_over_large` (paired), and the path the defaults take: the key split below
+    `threshold_ctas`, the recorded defaults' SMALL_PROBLEM_FILL percent of the SMs."""
+    record = load(KEY_SPLIT_RECORD, gpu_slug)
+    rows = pd.DataFrame(record["rows"])
+    cases = [shapes.select(name)[0] for name in rows["case"]]
+    rows["seqlen"] = [case.seqlen_q for case in cases]
+    rows["head_dim"] = [case.head_dim for case in cases]
+    rows["causal"] = [case.causal for case in cases]
+    rows["fill"] = rows["ctas"] / rows["sms"]
+    rows["threshold_ctas"] = rows["sms"] * record["builds"]["defaults"]["tile_params"]["SMALL_PROBLEM_FILL"] // 100
+    rows["defaults take"] = ["key split" if ctas < threshold else "large tiles"
+                             for ctas, threshold in zip(rows["ctas"], rows["threshold_ctas"])]
+    return rows, provenance(record)
+
+
 def ablation_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
     record = load(f"{phase_name}_ablations", gpu_slug)
     return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)

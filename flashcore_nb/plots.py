@@ -448,6 +448,38 @@ def ablation(table: pd.DataFrame, cases: list[str], title: str):
     return fig
 
 
+def key_split(rows: pd.DataFrame, title: str):
+    """Chapter 7's crossover (experiments.key_split_runs): the key split's GPU time over the large tiles'
+    (paired, log) against the large-tile grid's CTAs as a share of the SMs, one marker per sequence length
+    and head dim (hollow: causal); the defaults' threshold, and the bound of a split that cost nothing."""
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    colors = plt.get_cmap("tab10").colors
+    for i, ((seqlen, head_dim), group) in enumerate(rows.groupby(["seqlen", "head_dim"])):
+        for causal, part in group.groupby("causal"):
+            # causal markers hollow and larger, so that one at the same spot as a filled one rings it
+            ax.scatter(100.0 * part["fill"], part["split_over_large"], marker="osD^v<>"[i % 7], zorder=3,
+                       s=110 if causal else 45, linewidths=1.5, facecolors="none" if causal else colors[i],
+                       edgecolors=colors[i],
+                       label=f"S = {seqlen}, D = {head_dim}" + (", causal" if causal else ""))
+    x = np.linspace(0.0, 100.0 * rows["fill"].max() * 1.05, 200)
+    ax.plot(x, np.clip(x / 100.0, 0.25, 1.0), ":", color="#777777", label="no-cost split: max(1/4, CTAs / SMs)")
+    ax.axhline(1.0, color="#444444", linewidth=1)
+    threshold = 100.0 * (rows["threshold_ctas"] / rows["sms"]).iloc[0]
+    ax.axvline(threshold, color="#d62728", linestyle="--", linewidth=1)
+    ax.text(threshold, 0.98, f" key split below {threshold:.0f}% (SMALL_PROBLEM_FILL)", color="#d62728",
+            transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=7)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_xlabel("large-tile grid: CTAs as % of the SMs")
+    ax.set_ylabel("key split / large tiles, GPU time\n(paired; < 1: the split wins)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def stall_breakdown(frame: pd.DataFrame, stall_labels, provenance: str):
     """Chapter 7's profile: the cycles between two instructions of one warp, split by what it waited for
     (stacked per case), with the tensor pipe's and the issue slots' busy share beside each bar."""

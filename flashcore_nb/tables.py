@@ -66,6 +66,19 @@ def ablation(rows: pd.DataFrame, cases: list[str]) -> pd.DataFrame:
     return table
 
 
+def key_split(rows: pd.DataFrame) -> pd.DataFrame:
+    """experiments.key_split_runs by the large-tile grid's size: its CTAs and share of the SMs, both paths'
+    GPU time, the key split's over the large tiles' (paired), the path the defaults take, and their GPU
+    time beside SDPA default's with the paired ratio."""
+    table = pd.DataFrame({
+        "problem": rows["shape"], "CTAs": rows["ctas"], "% of SMs": 100.0 * rows["fill"],
+        "large tiles µs": rows["large tiles_us"], "key split µs": rows["key split_us"],
+        "split / large": rows["split_over_large"], "defaults take": rows["defaults take"],
+        "defaults µs": rows["defaults_us"], "SDPA default µs": rows["sdpa_default_us"],
+        "defaults / SDPA default": rows["defaults_vs_sdpa"]})
+    return table.sort_values("CTAs", kind="stable").reset_index(drop=True)
+
+
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
     """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's. ptxas
     sees only static shared memory; for phases that ask for theirs at launch, the dynamic size is

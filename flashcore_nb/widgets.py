@@ -3,9 +3,11 @@
 Everywhere: shared memory, occupancy and waves per GPU (budget.py, pure arithmetic). On a GPU
 (live mode) the button compiles that configuration (cached per configuration, with compile
 progress), checks it and times it beside SDPA in the same run. Without one it shows the
-configuration's row of the recorded sweep."""
+configuration's row of the recorded sweep. A static page, which cannot run the widget, shows
+static_view in its place: the same calculator as tables."""
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -46,6 +48,37 @@ def recorded_summary(sweep: pd.DataFrame, sdpa: dict, params: dict) -> str:
     return (f"recorded: {CASE.name} {row['mission_us']:.1f} µs of GPU time = {row['mission_vs_sdpa']:.2f}x SDPA "
             f"({sdpa['sdpa_mission_us']:.1f} µs); b4h16_s2048 {row['b4h16_s2048_us']:.0f} µs = "
             f"{row['b4h16_s2048_vs_sdpa']:.2f}x SDPA; {row['registers']:.0f} registers")
+
+
+def sweep_calculator(phase_name: str, sweep: pd.DataFrame, gpu: str = "H100") -> pd.DataFrame:
+    """The calculator on one GPU for every configuration of a recorded sweep, beside its recorded time at
+    the mission shape; configurations that do not build or fail their checks keep only their status."""
+    keys = list(get(phase_name).sweep_grid)
+    rows = []
+    for _, row in sweep.iterrows():
+        params = {key: int(row[key]) for key in keys}
+        entry = {**params, "status": row["status"]}
+        if row["status"] == "ok":
+            cost = calculator(phase_name, params, int(row["registers"])).set_index("GPU").loc[gpu]
+            entry.update({"registers": int(row["registers"]), "smem KB": cost["smem KB"], "CTAs/SM": cost["CTAs/SM"],
+                          "limiter": cost["limiter"], "waves": cost["waves"], "mission µs": row["mission_us"],
+                          "mission / SDPA": row["mission_vs_sdpa"]})
+        rows.append(entry)
+    return pd.DataFrame(rows).astype({"registers": "Int64", "CTAs/SM": "Int64"})
+
+
+def static_view(phase_name: str, sweep: pd.DataFrame, sdpa: dict, provenance: str, params: dict) -> str:
+    """HTML for a page without a kernel behind it: the starting configuration's recorded row and its
+    calculator on every GPU, then, folded, the calculator on the H100 for every configuration of the sweep."""
+    row = recorded_row(sweep, params)
+    start = (calculator(phase_name, params, int(row["registers"])).style.format(precision=2).hide(axis="index").to_html()
+             if row["status"] == "ok" else "")
+    every = sweep_calculator(phase_name, sweep).style.format(precision=2, na_rep="").hide(axis="index").to_html()
+    return (f"<p>{html.escape(experiments.config_label(params))}: {html.escape(recorded_summary(sweep, sdpa, params))}<br>"
+            f"<small>{html.escape(provenance)}</small></p>{start}"
+            f"<details><summary>every configuration of the sweep on the H100 ({len(sweep)})</summary>{every}</details>"
+            f"<p><small>In Jupyter or Colab this is a widget: pick the tile sizes, and on a GPU compile, check and "
+            f"time them.</small></p>")
 
 
 def measure_live(phase_name: str, params: dict) -> tuple[str, int | None]:
@@ -113,8 +146,15 @@ def tile_explorer(phase_name: str):
             if registers is not None:
                 display(calculator(phase_name, params(), registers).round(2))
 
+    static = static_view(phase_name, sweep, sdpa, provenance, params())
+
+    class Explorer(widgets.VBox):
+        def _repr_mimebundle_(self, **kwargs):
+            # Jupyter renders the widget; a static page (the book, whose build ranks HTML first) this
+            return {**super()._repr_mimebundle_(**kwargs), "text/html": static}
+
     for picker in pickers.values():
         picker.observe(show_recorded, names="value")
     button.on_click(measure)
     show_recorded()
-    return widgets.VBox([widgets.HBox(list(pickers.values())), button, output])
+    return Explorer([widgets.HBox(list(pickers.values())), button, output])

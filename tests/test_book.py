@@ -16,4 +16,7 @@ def test_book_builds_without_warnings(tmp_path, monkeypatch):
     page = (html / "notebooks" / "01_baseline.html").read_text()
     assert "recorded on NVIDIA H100 80GB HBM3" in page
     assert page.count("<img") >= 3, "chapter 1 should render its figures"
+    assert "<details><summary>every case" in page, "the correctness table folds under its summary"
     assert "On Colab: fetch" not in page, "the Colab setup cell runs on Colab, not on the page"
+    explorer = (html / "notebooks" / "05_tile64.html").read_text()
+    assert "every configuration of the sweep on the H100" in explorer, "the tile explorer's static view"

@@ -14,7 +14,7 @@ RECORDS = experiments.all_records()
 def test_the_book_gpu_has_every_experiment():
     names = {record["experiment"] for _, record in RECORDS}
     assert {"p04_precision", "p05_tile64_sweep", "p06_async_sweep", "p06_sanitizer", "p07_registers_ablations",
-            "p07_registers_profile", "p08_wgmma_ablations", "peaks", "fa2_drift"} <= names
+            "p07_registers_profile", "p07_registers_key_split", "p08_wgmma_ablations", "peaks", "fa2_drift"} <= names
 
 
 @pytest.mark.parametrize("path,record", RECORDS, ids=[p.name for p, _ in RECORDS])
@@ -91,6 +91,15 @@ def test_sanitizer_record_finds_the_planted_bug_and_clears_the_kernel():
         assert "ERROR SUMMARY: 0 errors" in run["report"] or "RACECHECK SUMMARY: 0 hazards" in run["report"]
 
 
+def test_a_page_shows_the_report_without_compile_progress_and_with_the_exception():
+    planted = experiments.load("p06_sanitizer")["rows"][0]
+    shown = sanitize.shown_report(planted["report"])
+    assert "compiling p06_async" in planted["report"] and "compiling" not in shown
+    assert "Traceback" not in shown and "File " not in shown
+    assert shown.index("ERROR SUMMARY: 66 errors") < shown.index("CUDA error: unspecified launch failure")
+    assert "Invalid __shared__ write of size 16 bytes" in shown
+
+
 def test_sanitizer_targets_parse():
     assert sanitize.parse_target("p06_async") == ("p06_async", {})
     assert sanitize.parse_target("p05_tile64:BLOCK_M=32,NUM_WARPS=16") == ("p05_tile64", {"BLOCK_M": 32, "NUM_WARPS": 16})
@@ -118,6 +127,31 @@ def test_ablation_record_covers_every_variant(phase_name):
     table = tables.ablation(pd.DataFrame(record["rows"]), cases)
     # the defaults timed against themselves in the same rounds: 1 up to the noise of the method
     assert (abs(table[[f"{c} vs defaults" for c in cases]].iloc[0] - 1.0) < 0.05).all()
+
+
+def test_key_split_record_supports_chapter_7():
+    """Every small problem, both paths and the defaults; the defaults take the path their threshold names, and
+    the record says what chapter 7 reads from it: the split wins while the large-tile grid fills at most a
+    quarter of the SMs, loses from 70% on (where the old rule, below the SM count, still took it), and loses at
+    8x8x128x64, just under the threshold."""
+    import matplotlib.pyplot as plt
+
+    from flashcore_nb import plots
+    rows, line = experiments.key_split_runs()
+    assert "NVIDIA H100" in line and "STALE" not in line
+    assert list(rows["case"]) == [case.name for case in shapes.SMALL]
+    assert (rows["threshold_ctas"] == rows["sms"] * PHASES["p07_registers"].tile_params["SMALL_PROBLEM_FILL"] // 100).all()
+    chosen = rows["key split_us"].where(rows["defaults take"] == "key split", rows["large tiles_us"])
+    assert ((rows["defaults_us"] / chosen - 1).abs() < 0.02).all()
+    assert (rows.loc[rows["fill"] <= 0.25, "split_over_large"] < 1).all()
+    assert (rows.loc[rows["fill"] >= 0.7, "split_over_large"] > 1).all()
+    short_keys = rows.set_index("case").loc["b8h8_s128"]
+    assert short_keys["defaults take"] == "key split" and short_keys["split_over_large"] > 1
+    table = tables.key_split(rows)
+    assert len(table) == len(rows) and table["CTAs"].is_monotonic_increasing
+    figure = plots.key_split(rows, line)
+    assert len(figure.axes[0].collections) == rows.groupby(["seqlen", "head_dim", "causal"]).ngroups
+    plt.close(figure)
 
 
 def test_fa2_drift_record_supports_the_methodology_page():

@@ -37,6 +37,16 @@ def test_one_repository_url_everywhere():
     assert urls == {REPO_URL}, f"repository URLs disagree: {sorted(urls)}"
 
 
+def test_cells_that_compile_keep_their_progress_off_the_page():
+    """Live, these cells compile kernels, and the compile ticker goes to stderr: useful in Jupyter, a
+    stderr box on the rendered page (the `remove-stderr` tag drops it there)."""
+    compiling = ("measure.phase_runs(", "experiments.precision_runs(")
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and any(call in cell.source for call in compiling):
+                assert "remove-stderr" in cell.metadata.get("tags", []), f"{path.name}: {cell.source[:60]}"
+
+
 def test_every_notebook_starts_with_the_colab_setup_cell():
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)

@@ -56,6 +56,21 @@ def test_explorer_builds_and_follows_every_choice_in_replay(replay):
             picker.value = value
 
 
+def test_a_static_page_gets_the_calculator_in_place_of_the_widget(replay):
+    bundle = widgets.tile_explorer("p05_tile64")._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle     # Jupyter still gets the widget
+    page = bundle["text/html"]
+    assert page.startswith("<p>BLOCK_M=64 BLOCK_N=64 NUM_WARPS=8: recorded: mission")
+    assert all(f">{gpu}<" in page for gpu in budget.GPUS) and "every configuration of the sweep" in page
+    sweep, _, _ = experiments.sweep_runs("p05_tile64")
+    table = widgets.sweep_calculator("p05_tile64", sweep)
+    assert len(table) == len(sweep) and page.count("<tr>") == len(budget.GPUS) + len(sweep) + 2
+    ok = table[table["status"] == "ok"]
+    assert ok["waves"].notna().all() and table.loc[table["status"] != "ok", "waves"].isna().all()
+    mission = ok.set_index(["BLOCK_M", "BLOCK_N", "NUM_WARPS"]).loc[(32, 128, 16)]
+    assert mission["waves"] == pytest.approx(128 / 132 / mission["CTAs/SM"])
+
+
 def test_explorer_starts_on_this_gpus_defaults(monkeypatch):
     _pretend_gpu(monkeypatch, "L4", "NVIDIA L4")
     pickers, button, _ = widgets.tile_explorer("p05_tile64").children
