@@ -1,13 +1,12 @@
 """Speed: ours and every baseline timed in interleaved rounds, in one process, on the same inputs.
 
 Each method is captured as a CUDA graph of back-to-back calls (launch overhead excluded: GPU
-time), once per copy of the inputs. Then every round replays each method's graph in turn (A B C …,
+time), once per copy of the inputs. In every round the methods' replays alternate (A B C A B C …,
 the starting method rotated from round to round), so that whatever drifts during a run (clocks,
-temperature, a neighbour on the GPU) touches every method alike. The rounds cycle through
-three copies of the same inputs at different addresses: a placement that happens to slow
-one kernel down (seen once in two runs, at the mission shape) then holds a minority of the rounds,
-and the medians step over it. A round also times back-to-back Python calls (call latency:
-what a user's loop sees). Per method the record keeps the median and the spread over rounds; a
+temperature, a neighbour on the GPU) touches every method alike. The rounds cycle through three
+copies of the inputs at different addresses, so that no one placement decides a median. A round
+also times back-to-back Python calls (call latency: what a user's loop sees; every method allocates
+its output). The methodology page tells what each of these changed in the records. Per method the record keeps the median and the spread over rounds; a
 ratio between two methods is the median of their per-round ratios (paired), never a ratio of
 medians taken at different times."""
 from __future__ import annotations

@@ -97,7 +97,8 @@ def check_shared_memory(phase: Phase, needed: int, gpu: env.GpuInfo) -> None:
 def _signature(q, k, v, causal, out):
     """Everything validation looks at, as a hashable key; None for inputs that are not all tensors."""
     try:
-        key = (q.device, q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+        key = (q.device, k.device, v.device, q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape,
+               q.stride(), k.stride(), v.stride(),
                bool(causal), (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16)
         if out is not None:
             key += (out.device, out.dtype, out.shape, out.stride())
