@@ -1,8 +1,9 @@
 // The fast call path: one torch-aware launcher, built once, for every phase.
 //
 // Each phase stays a torch-free extension exporting flashcore_forward (kernels/common/params.cuh).
-// Python registers a loaded phase here by that function's address and gets back a small integer; the op flashcore::attention then launches that phase
-// from C++: allocation through the caching allocator, the current stream, no Python in between.
+// Python registers a loaded phase here by that function's address and gets back a small integer;
+// the op flashcore::attention then launches that phase from C++: allocation through the caching
+// allocator, the current stream, no Python in between.
 // Being a real operator (with a Meta kernel for shapes) it also works under torch.compile and in
 // CUDA graphs.
 //
