@@ -255,6 +255,10 @@ def capture_fd1(path: Path):
         os.close(saved)
 
 
+# A line of the ticker below once captured (every label starts "compiling"): what pages filter out.
+TICKER_LINE = re.compile(r"^compiling .+ \.\.\. ")
+
+
 @contextlib.contextmanager
 def progress_ticker(label: str, enabled: bool):
     """A one-line elapsed-time ticker on stderr while a compile runs (stdout is redirected)."""

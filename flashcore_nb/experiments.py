@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import build, env, results, shapes
 from .paths import RESULTS_DIR
-from .phases import PHASES, get
+from .phases import PHASES, get, p07_tiles
 
 SCHEMA_VERSION = 1
 
@@ -247,8 +247,7 @@ KEY_SPLIT_PATHS = {"large tiles": {"SMALL_PROBLEM_CTAS": 0}, "key split": {"SMAL
 
 def large_tile_ctas(case: shapes.Case, cc: int) -> int:
     """CTAs of the large-tile grid (one per query tile, before the persistent cap)."""
-    params = get(KEY_SPLIT_PHASE).tile_params_for(cc)
-    block_m = params["BLOCK_M_D128"] if case.head_dim == 128 else params["BLOCK_M"]
+    block_m = p07_tiles(case.head_dim, get(KEY_SPLIT_PHASE).tile_params_for(cc), split=False)[0]
     return -(-case.seqlen_q // block_m) * case.heads * case.batch
 
 

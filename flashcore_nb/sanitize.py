@@ -8,10 +8,10 @@ Exits non-zero when an output is wrong. `python -m flashcore_nb sanitize` record
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 
+from . import build
 from .paths import ROOT
 from .shapes import Case
 
@@ -54,16 +54,12 @@ def run(tool: str, targets: list[str], options=(), timeout: int = 900) -> dict:
             "report": report}
 
 
-# The elapsed-time ticker of a first build (build._progress), one line per tick once captured.
-PROGRESS_LINE = re.compile(r"^compiling \S+ for sm_\d+ \.\.\. ")
-
-
 def shown_report(report: str) -> str:
     """A recorded report as a page shows it: without the compile-progress lines of the target program's
     first build, and with a Python traceback cut to the exception it ends in."""
     shown, in_traceback = [], False
     for line in report.splitlines():
-        if PROGRESS_LINE.match(line):
+        if build.TICKER_LINE.match(line):
             continue
         if line.startswith("Traceback (most recent call last):"):
             in_traceback = True
