@@ -195,6 +195,21 @@ def _p08_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
             Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
 
 
+def p10_block_m(head_dim: int, params: dict) -> int:
+    """p10's query rows per CTA (16 per warp) for a head dim."""
+    return params["BLOCK_M_D128"] if head_dim == 128 else params["BLOCK_M"]
+
+
+def _p10_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    m, n, stages = p10_block_m(head_dim, params), params["BLOCK_N"], params["STAGES"]
+    # The inbox, where a cluster's CTAs send each other their partial O rows (padded by 8 floats
+    # against bank conflicts), maxima and sums, lies apart from the tiles: a CTA may receive while
+    # it still computes.
+    return [Buffer("Q tile", m, head_dim, 2), Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
+            Buffer("V tiles (x STAGES)", stages * n, head_dim, 2), Buffer("inbox: partial O (fp32)", m, head_dim + 8, 4),
+            Buffer("inbox: row maxima and sums (fp32)", 2, m, 4)]
+
+
 def _warps_define(params: dict, head_dim: int, split: bool) -> int:
     return params["NUM_WARPS"] * WARP
 
@@ -424,6 +439,39 @@ _REGISTRY = [
             variant("three warpgroups, 192-key tiles; one at D=128",
                     {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64},
                     "sanitize"),
+        ),
+    ),
+    Phase(
+        name="p10_splitkv",
+        title="Phase 10: split-KV, the keys of a query tile split across a cluster",
+        notebook="10_splitkv",
+        kernel_name="attention_splitkv_kernel",
+        archs=(80, 89, 90),
+        min_cc=80,                # cp.async, bf16 mma.sync; the split itself needs clusters (sm_90)
+        aligned_16b=True,
+        # Defaults from the H100 runs of chapter 10: clusters of more than two CTAs measured slower.
+        tile_params={"BLOCK_M": 64, "BLOCK_M_D128": 64, "BLOCK_N": 128, "STAGES": 2, "MAX_SPLITS": 2,
+                     "SPLITS": -1, "WAVE_CTAS_PER_SM": 1},
+        # Not measured here (no such GPU): sized to fit the A100's 163 KB and the L4's 99 KB per block at D = 128.
+        arch_tile_params={80: {"BLOCK_N": 64}, 89: {"BLOCK_N": 64, "BLOCK_M_D128": 32}},
+        threads=lambda params, head_dim, split: p10_block_m(head_dim, params) // 16 * WARP,
+        smem_layout=_p10_layout,
+        variants=(
+            # Chapter 10's ablation, and every cluster size the heuristic can pick, forced on the whole
+            # suite and under the sanitizer.
+            variant("defaults", {}, "ablation"),
+            variant("split over 2 CTAs", {"SPLITS": 2}, "test", "ablation"),
+            variant("split over 4 CTAs", {"SPLITS": 4, "MAX_SPLITS": 4}, "test", "ablation"),
+            variant("split over 8 CTAs", {"SPLITS": 8, "MAX_SPLITS": 8}, "test", "sanitize", "ablation"),
+            variant("clusters of up to 8 CTAs", {"MAX_SPLITS": 8}, "ablation"),
+            variant("no split", {"SPLITS": 1}, "ablation"),
+            variant("128-row query tiles (64-key tiles: 128 do not fit D=128)",
+                    {"BLOCK_M": 128, "BLOCK_M_D128": 128, "BLOCK_N": 64}, "test", "ablation"),
+            variant("64-key tiles, 4 stages", {"BLOCK_N": 64, "STAGES": 4}, "ablation"),
+            variant("3 CTAs, 3 stages, 48-row 64-key tiles",
+                    {"SPLITS": 3, "MAX_SPLITS": 3, "STAGES": 3, "BLOCK_M": 48, "BLOCK_M_D128": 48, "BLOCK_N": 64},
+                    "test", "sanitize"),
+            variant("up to two CTAs per SM", {"WAVE_CTAS_PER_SM": 2}, "ablation"),
         ),
     ),
 ]
