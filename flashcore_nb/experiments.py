@@ -143,20 +143,25 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
-    """Compile every configuration in parallel worker processes (the compiler is single-threaded);
-    returns label -> compiler message for those that do not compile."""
+def compile_in_parallel(builds: list[tuple[str, dict]], cc: int) -> list[str | None]:
+    """Compile (phase, tile parameters) builds in parallel worker processes (the compiler is
+    single-threaded); per build, in order, the compiler's output where it failed, else None."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
     # one worker per distinct build: two compiling the same extension would share its directory
-    build_of = {config_label(params): config_label({**defaults, **params}) for params in configs}
-    builds = {config_label({**defaults, **params}): {**defaults, **params} for params in configs}
-    workers = max(1, min(len(builds), (os.cpu_count() or 2) // 2))
+    distinct = {(name, config_label(params)): params for name, params in builds}
+    workers = max(1, min(len(distinct), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, p) for p in builds.values()])))
-    return {label: build.compile_message(outcomes[key]) for label, key in build_of.items() if outcomes[key]}
+        outcomes = dict(zip(distinct, pool.map(_prebuild, [(name, cc, params) for (name, _), params in distinct.items()])))
+    return [outcomes[(name, config_label(params))] for name, params in builds]
+
+
+def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
+    """Compile every configuration in parallel; returns label -> compiler message for those that do not compile."""
+    defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
+    outcomes = compile_in_parallel([(phase_name, {**defaults, **params}) for params in configs], cc)
+    return {config_label(params): build.compile_message(log) for params, log in zip(configs, outcomes) if log}
 
 
 EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)

@@ -50,6 +50,8 @@ class Variant:
     """The phase built with other -D defines (over its defaults). Tags say what the build is for:
     "ablation": a row of the chapter's ablation record, in list order (the label is the record's);
     "precision": a row of chapter 4's precision experiment (the label is the record's);
+    "accuracy": a build of the phase's accuracy record, beside the defaults on the same random problems
+    (accuracy.py: one suspect of an error larger than SDPA's changed);
     "sanitize": an extra compute-sanitizer target beside the defaults;
     "test": the GPU suite checks it on the whole shape suite (it must be correct)."""
     label: str
@@ -343,7 +345,8 @@ _REGISTRY = [
                      "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
                      "SMALL_PROBLEM_CTAS": -1, "SMALL_PROBLEM_FILL": 50, "Q_IN_REGS_MAX_D": 64,
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
-                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
+                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0,
+                     "RESCALE_SLACK": 8, "SUM_ROUNDED_P": 0, "EXACT_EXP": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,
         # so the key-split path takes one stage (144 KB at D = 128 with two).
         arch_tile_params={89: {"SPLIT_STAGES": 1}},
@@ -356,7 +359,8 @@ _REGISTRY = [
         key_split=True,
         split_defines={"SMALL_PROBLEM_CTAS": 1000},
         variants=(
-            # Chapter 7's ablation: each technique changed alone from the defaults.
+            # Chapter 7's ablation: each technique changed alone from the defaults. Those also tagged
+            # "accuracy", with the ones after them, are the accuracy record's suspects, one at a time.
             variant("defaults", {}, "ablation"),
             variant("no swizzle", {"SWIZZLE": 0}, "ablation"),
             variant("16 rows per warp", {"WARP_ROWS": 16}, "ablation"),
@@ -366,14 +370,18 @@ _REGISTRY = [
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("256-row tiles (D=128)", {"BLOCK_M_D128": 256}, "ablation"),
             variant("mask every tile", {"SEPARATE_MASKED_TILES": 0}, "ablation"),
-            variant("exp, scale not folded", {"FOLD_LOG2E": 0}, "ablation"),
-            variant("rescale O every tile", {"LAZY_RESCALE": 0}, "ablation"),
+            variant("exp, scale not folded", {"FOLD_LOG2E": 0}, "ablation", "accuracy"),
+            variant("rescale O every tile", {"LAZY_RESCALE": 0}, "ablation", "accuracy"),
             variant("one CTA per query tile", {"PERSISTENT": 0}, "ablation"),
             variant("32-key tiles", {"BLOCK_N": 32}, "ablation"),
             variant("32-key tiles, softmax beside next Q·Kᵀ",
                     {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1}, "ablation"),
             # the large-tile path on the small shapes of the suite
-            variant("no key-split path", {"SMALL_PROBLEM_CTAS": 0}, "ablation", "test"),
+            variant("no key-split path", {"SMALL_PROBLEM_CTAS": 0}, "ablation", "test", "accuracy"),
+            variant("key split on every problem", {"SMALL_PROBLEM_CTAS": 1 << 30}, "accuracy"),
+            variant("exact row maxima, O rescaled when one moves", {"RESCALE_SLACK": 0}, "accuracy"),
+            variant("row sums of the rounded P", {"SUM_ROUNDED_P": 1}, "accuracy"),
+            variant("exp in double precision, not ex2.approx", {"EXACT_EXP": 1}, "accuracy"),
             # A few persistent CTAs make every CTA cross many query tiles even on small problems: the
             # large-tile path with both pipelines and the overlap; other splits and stage counts; every
             # ablation switch at once (each must change the speed, never the result).
@@ -416,7 +424,8 @@ _REGISTRY = [
         aligned_16b=True,
         # Defaults from the H100 runs of chapter 8: two CTAs of 2 x 64 rows per SM at D = 64, one at D = 128.
         tile_params={"WARPGROUPS": 2, "BLOCK_N": 64, "CTAS_PER_SM": 2,
-                     "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0},
+                     "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0,
+                     "RESCALE_SLACK": 8, "SUM_ROUNDED_P": 0, "EXACT_EXP": 0},
         threads=lambda params, head_dim, split: p08_tiles(head_dim, params)[0] * 4 * WARP,
         smem_layout=_p08_layout,
         variants=(
@@ -439,6 +448,10 @@ _REGISTRY = [
             variant("three warpgroups, 192-key tiles; one at D=128",
                     {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64},
                     "sanitize"),
+            # The accuracy record's suspects, one at a time (phase 7's, where p08 has them).
+            variant("exact row maxima", {"RESCALE_SLACK": 0}, "accuracy"),
+            variant("row sums of the rounded P", {"SUM_ROUNDED_P": 1}, "accuracy"),
+            variant("exp in double precision, not ex2.approx", {"EXACT_EXP": 1}, "accuracy"),
         ),
     ),
     Phase(

@@ -32,7 +32,9 @@
 //
 // Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
 // SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
-// measured dead end kept as one. Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
+// measured dead end kept as one. The accuracy experiment's switches (flashcore_nb/accuracy.py) change
+// the rounding, not the technique: RESCALE_SLACK (8; 0 keeps every row's maximum exact),
+// SUM_ROUNDED_P and EXACT_EXP (0 by default). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
 //
@@ -102,9 +104,22 @@
 #ifndef FOLD_LOG2E
 #define FOLD_LOG2E 1
 #endif
-// Rescale O and the row sums only when some row's maximum grew by more than 2^8 (in exp's units).
+// Rescale O and the row sums only when some row's maximum grew by more than 2^RESCALE_SLACK (in
+// exp's units); 0: every tile, with exact maxima.
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 1
+#endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 8
+#endif
+// Add P to the row sums as rounded to 16 bits, the very values P·V multiplies, rather than in fp32.
+#ifndef SUM_ROUNDED_P
+#define SUM_ROUNDED_P 0
+#endif
+// exp in double precision instead of MUFU.EX2's approximation: a slow diagnostic that measures what
+// the approximation costs in accuracy.
+#ifndef EXACT_EXP
+#define EXACT_EXP 0
 #endif
 // As many CTAs as fit on the GPU at once, each looping over query tiles and copying the next tile's
 // Q, K and V while it finishes the current one; 0: one CTA per query tile.
@@ -175,7 +190,10 @@ struct SharedStorage {
 };
 
 // exp of a score already multiplied by score_scale and shifted by the row maximum.
-__device__ __forceinline__ float softmax_exp(float x) { return FOLD_LOG2E ? fast_exp2(x) : __expf(x); }
+__device__ __forceinline__ float softmax_exp(float x) {
+  if (EXACT_EXP) return static_cast<float>(FOLD_LOG2E ? exp2(static_cast<double>(x)) : exp(static_cast<double>(x)));
+  return FOLD_LOG2E ? fast_exp2(x) : __expf(x);
+}
 
 // One query tile of one head: which rows, and how many key tiles it needs.
 template <int kBlockM, int kBlockN>
@@ -261,8 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
   const FragmentRow<kHeadDim, T> v_row(slice + lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
   const float score_scale = FOLD_LOG2E ? params.scale * 1.4426950408889634f : params.scale;
   // With LAZY_RESCALE, a row's running maximum may trail its true one by up to this much (in exp's
-  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E), far inside fp16's range.
-  constexpr float kRescaleSlack = LAZY_RESCALE ? 8.f : 0.f;
+  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E) by default, far inside
+  // fp16's range.
+  constexpr float kRescaleSlack = LAZY_RESCALE ? RESCALE_SLACK : 0.f;
   int step = 0;   // key tiles this CTA has computed: selects the K/V buffer
 
   for (int round = 0;; ++round) {
@@ -378,7 +397,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
           for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+            // rounded as pack2 will round them for P·V
+            partial[j] = SUM_ROUNDED_P ? to_float(from_float<T>(s[mt][j][2 * h])) + to_float(from_float<T>(s[mt][j][2 * h + 1]))
+                                       : s[mt][j][2 * h] + s[mt][j][2 * h + 1];
           }
 #pragma unroll
           for (int width = kKeyTiles / 2; width >= 1; width /= 2)
