@@ -22,18 +22,20 @@
 // Persistent CTAs: the grid holds only as many CTAs as fit on the GPU at once, and each loops over
 // query tiles. The copies run ahead across query tiles, so the next one's Q, K and V arrive while
 // this one finishes.
-// The softmax moves a row's running maximum only when a tile's exceeds it by more than 2^8, so
-// after the first tiles O is almost never rescaled (exact: O and the row sum share the stale base).
+// The softmax rescales O only in the tiles where some row's maximum moved, which after the first
+// tiles is rare. The maxima stay exact: letting them trail by up to 2^8 (RESCALE_SLACK = 8, this
+// phase's first default) saved a few more rescales but doubled the worst error (the dominant P is
+// then no longer exactly 1.0, which 16 bits hold exactly; experiments/p07_registers_accuracy.json).
 // Causal: tiles entirely left of the diagonal skip the masking code, a warp whose rows see none of
 // a tile skips it, tiles right of the diagonal are never loaded, and the longest rows start first.
 // Small problems: when the large-tile grid would fill less than SMALL_PROBLEM_FILL percent of the
-// GPU's SMs, a second configuration runs with KV_SPLIT warps per row group, each taking its own slice of every key tile; their
-// partial softmax states are merged through shared memory at the end.
+// GPU's SMs, a second configuration runs with KV_SPLIT warps per row group, each taking its own
+// slice of every key tile; their partial softmax states are merged through shared memory at the end.
 //
 // Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
 // SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
 // measured dead end kept as one. The accuracy experiment's switches (flashcore_nb/accuracy.py) change
-// the rounding, not the technique: RESCALE_SLACK (8; 0 keeps every row's maximum exact),
+// the rounding, not the technique: RESCALE_SLACK (0: every row's maximum exact; 8: 2^8 of slack),
 // SUM_ROUNDED_P and EXACT_EXP (0 by default). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
@@ -110,7 +112,7 @@
 #define LAZY_RESCALE 1
 #endif
 #ifndef RESCALE_SLACK
-#define RESCALE_SLACK 8
+#define RESCALE_SLACK 0
 #endif
 // Add P to the row sums as rounded to 16 bits, the very values P·V multiplies, rather than in fp32.
 #ifndef SUM_ROUNDED_P
@@ -279,8 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
   const FragmentRow<kHeadDim, T> v_row(slice + lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
   const float score_scale = FOLD_LOG2E ? params.scale * 1.4426950408889634f : params.scale;
   // With LAZY_RESCALE, a row's running maximum may trail its true one by up to this much (in exp's
-  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E) by default, far inside
-  // fp16's range.
+  // units): scores then exponentiate to at most 2^RESCALE_SLACK, far inside fp16's range.
   constexpr float kRescaleSlack = LAZY_RESCALE ? RESCALE_SLACK : 0.f;
   int step = 0;   // key tiles this CTA has computed: selects the K/V buffer
 

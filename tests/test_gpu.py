@@ -37,7 +37,8 @@ def test_correct_on_shape_suite(cuda, name, case, dtype):
 @pytest.mark.parametrize("name", PHASE_NAMES)
 def test_correct_on_random_problems(cuda, name):
     """1,000 seeded random problems (any Sq and Sk, both layouts and dtypes, other scales, inputs from 0.1
-    to 16) and 200 of the stressed kind (Sq > Sk, small scale, large inputs): every one passes the book's rule."""
+    to 16) and 200 of the stressed kind (Sq > Sk, small scale, large inputs): every one passes the book's rule,
+    and none has more than 1.5x SDPA's error."""
     phase, gpu = flashcore_nb.PHASES[name], env.gpu()
     if not phase.runs_on(gpu.cc):
         with pytest.raises(RuntimeError, match=f"needs an {phase.requirement} GPU"):
@@ -50,6 +51,8 @@ def test_correct_on_random_problems(cuda, name):
     assert failing.empty, f"{len(failing)} of {len(frame)} problems fail; the worst:\n" + "\n".join(
         f"{accuracy.describe(row)}: {row['ratio']:.2f}x SDPA's error, {row['unwritten']} unwritten"
         for _, row in failing.head(5).iterrows())
+    worst = frame.loc[frame["ratio"].idxmax()]
+    assert worst["ratio"] <= accuracy.TARGET_RATIO, f"{accuracy.describe(worst)}: {worst['ratio']:.2f}x SDPA's error"
 
 
 @pytest.mark.parametrize("name", PHASE_NAMES)
