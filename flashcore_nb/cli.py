@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,grid,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -10,8 +10,9 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
-problems (chapter 7). The last nine write
-results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
+problems (chapter 7); grid: every candidate phase and SDPA backend over the grid of shapes, the tuning
+table flashcore_nb.attention reads, and attention timed through it (chapter "Choosing a kernel"). The
+last ten write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 
 import pandas as pd
 
-from . import binding, build, drift, env, experiments, peaks, plots, profile, results, sanitize, shapes
+from . import binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "drift", "split", "figures"])
+                                            "drift", "split", "grid", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record, "profile": profile.record,
                  "peaks": peaks.record, "drift": drift.record,
-                 "split": experiments.record_key_split}
+                 "split": experiments.record_key_split, "grid": grid.record}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0

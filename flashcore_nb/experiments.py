@@ -45,20 +45,23 @@ def sweep_name(phase_name: str) -> str:
     return f"{phase_name}_sweep"
 
 
-def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict]) -> dict:
-    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured.
+def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict],
+                build_phases: dict[str, str] | None = None) -> dict:
+    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured;
+    `build_phases`: label -> phase, for a record that measured several phases (`phase_name` None).
     A measurement of the GPU alone (peaks.py) names no phase and no builds, so it never goes stale."""
     stamp = results.stamp()
+    phase_of = {label: (build_phases or {}).get(label, phase_name) for label in builds}
     # the defaults load() merged in on the GPU the record is made on
-    defaults = get(phase_name).tile_params_for(stamp["env"]["cc"]) if builds else {}
-    builds = {label: {**defaults, **params} for label, params in builds.items()}
+    params_of = {label: {**get(phase_of[label]).tile_params_for(stamp["env"]["cc"]), **params}
+                 for label, params in builds.items()}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
         "phase": phase_name,
-        "builds": {label: {"tile_params": params,
-                           "kernel_sha256": build.kernel_sha256(get(phase_name).kernel_file, params)}
-                   for label, params in builds.items()},
+        "builds": {label: {"phase": phase_of[label], "tile_params": params,
+                           "kernel_sha256": build.kernel_sha256(get(phase_of[label]).kernel_file, params)}
+                   for label, params in params_of.items()},
         **stamp,
         "rows": rows,
     }
@@ -77,9 +80,11 @@ def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
 
 
 def stale_builds(record: dict) -> list[str]:
-    """Labels of the builds whose kernel source, headers or defines changed since the record."""
+    """Labels of the builds whose kernel source, headers or defines changed since the record (records made
+    before builds named their phase measured the record's one phase)."""
     return [label for label, b in record["builds"].items()
-            if b["kernel_sha256"] != build.kernel_sha256(get(record["phase"]).kernel_file, b["tile_params"])]
+            if b["kernel_sha256"] != build.kernel_sha256(get(b.get("phase", record["phase"])).kernel_file,
+                                                        b["tile_params"])]
 
 
 def provenance(record: dict) -> str:
@@ -143,19 +148,27 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
-    """Compile every configuration in parallel worker processes (the compiler is single-threaded);
-    returns label -> compiler message for those that do not compile."""
+def compile_in_parallel(jobs: list[tuple[str, int, dict]], meanwhile=None) -> list[str | None]:
+    """Compile (phase, cc, tile parameters) builds in worker processes (the compiler is single-threaded),
+    each job a distinct build (two compiling the same extension would share its directory); `meanwhile`
+    runs in this process while they compile. Returns each job's compiler message, None where it compiled."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_prebuild, job) for job in jobs]
+        if meanwhile is not None:
+            meanwhile()
+        return [future.result() for future in futures]
+
+
+def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
+    """Compile every configuration in parallel; returns label -> compiler message for those that do not compile."""
     defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
-    # one worker per distinct build: two compiling the same extension would share its directory
     build_of = {config_label(params): config_label({**defaults, **params}) for params in configs}
     builds = {config_label({**defaults, **params}): {**defaults, **params} for params in configs}
-    workers = max(1, min(len(builds), (os.cpu_count() or 2) // 2))
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = dict(zip(builds, pool.map(_prebuild, [(phase_name, cc, p) for p in builds.values()])))
+    outcomes = dict(zip(builds, compile_in_parallel([(phase_name, cc, p) for p in builds.values()])))
     return {label: build.compile_message(outcomes[key]) for label, key in build_of.items() if outcomes[key]}
 
 

@@ -193,13 +193,13 @@ def test_bench_times_every_baseline_in_interleaved_rounds(cuda):
 
 # --- the call path: one operator call per launch (csrc/launcher.cpp) ---------------------------------
 
-def test_inputs_are_validated_once_per_signature(cuda, monkeypatch):
+def test_inputs_are_validated_once_persignature(cuda, monkeypatch):
     from flashcore_nb import binding
     fn = flashcore_nb.load("p07_registers")
     q, k, v = make_inputs(Case("sig", 1, 2, 70, 64), seed=3)
     calls = []
-    real = binding._validate
-    monkeypatch.setattr(binding, "_validate", lambda *args: calls.append(args) or real(*args))
+    real = binding.validate
+    monkeypatch.setattr(binding, "validate", lambda *args: calls.append(args) or real(*args))
     first = fn(q, k, v)
     for _ in range(3):
         torch.testing.assert_close(fn(q, k, v), first, rtol=0, atol=0)
