@@ -273,3 +273,46 @@ def grid_mission(frame: pd.DataFrame) -> pd.DataFrame:
     view = _grid_view(frame)
     mission = view[view["case"].isin([shapes.MISSION.name, shapes.MISSION_CAUSAL.name])]
     return mission.drop(columns=["shape", "fastest", "correct"]).reset_index(drop=True)
+
+
+# --- how flashcore_nb.attention chooses (dispatch.py, tuning.py) --------------------------------------------
+
+def dispatch_candidates() -> pd.DataFrame:
+    """The phases `attention` chooses among (phases.Phase.dispatch) and what each declares."""
+    from .phases import PHASES
+    return pd.DataFrame([{"phase": name, "runs on": phase.requirement, "dtypes": ", ".join(phase.dtypes),
+                          "head dims": ", ".join(map(str, phase.head_dims)), "causal": phase.causal,
+                          "Sq ≠ Sk": phase.cross_lengths,
+                          "fallback: waves from": phase.fallback_waves[0], "fallback: waves below": phase.fallback_waves[1]}
+                         for name, phase in PHASES.items() if phase.dispatch])
+
+
+def dispatch_fallback(cases: list[Case], gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
+    """case x GPU: the phase `attention` takes without a tuning table (dispatch.fallback), in fp16; the GPUs
+    described by their limits in budget.py."""
+    from .dispatch import fallback
+    from .tuning import Problem
+    rows = []
+    for case in cases:
+        row = {"case": case.label()}
+        for limits in gpus:
+            choice = fallback(budget.gpu_info(limits), Problem.of_case(case))
+            row[f"{limits.name} (sm_{limits.cc})"] = choice.phase if choice else "none runs it"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def dispatch_choices(cases: list[Case], gpu, table) -> pd.DataFrame:
+    """What `attention` runs for each problem on a GPU (env.GpuInfo) with a tuning table (or None): the
+    problem's size in waves of 128-row query tiles, the nearest grid case, the phase, and why."""
+    from .dispatch import choose
+    from .tuning import Problem, nearest
+    rows = []
+    for case in cases:
+        problem = Problem.of_case(case)
+        entry = nearest(table, problem) if table is not None else None
+        choice = choose(gpu, problem, table)
+        rows.append({"problem": case.label(), "waves": problem.waves(gpu.sms),
+                     "nearest grid case": entry.case if entry else None,
+                     "attention runs": choice.phase if choice else None, "why": choice.reason if choice else None})
+    return pd.DataFrame(rows)

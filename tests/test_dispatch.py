@@ -1,6 +1,5 @@
 """flashcore_nb.attention's choice on the CPU: the grid, the nearest-grid-case rule, the fallback per GPU, the
 tuning table from a grid record, the summary of a record, and tracing under torch.compile."""
-import json
 import math
 import os
 import subprocess
