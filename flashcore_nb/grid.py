@@ -106,35 +106,44 @@ def _prebuild(names: list[str], cc: int) -> None:
 
 
 def record(progress=print) -> Path:
+    """The three steps of the module's docstring on this GPU, then the record; a line per case as it goes
+    (with the seconds since the start) and the summary at the end."""
+    import time
+
+    from . import tables
     from .binding import load as load_phase
     from .dispatch import candidates, use_table
+    start = time.perf_counter()
+
+    def say(line: str) -> None:
+        progress(f"[{time.perf_counter() - start:4.0f} s] {line}")
+
     gpu = env.gpu()
     names = candidates(gpu)
     _prebuild(names, gpu.cc)
     fns = {name: load_phase(name) for name in names}
+    say(f"built {', '.join(names) or 'no candidate'}")
     rows = []
     for case in shapes.GRID:
         rows.append(race(case, fns, gpu))
-        best = min(rows[-1]["race"], key=lambda name: rows[-1]["race"][name]["gpu_us"])
-        progress(f"race {case.name}: fastest {best}")
+        say(f"race {case.name}: fastest {min(rows[-1]['race'], key=lambda name: rows[-1]['race'][name]['gpu_us'])}")
     table = tuning.derive(rows, names)
     use_table(tuning.from_json(table, gpu.name, gpu.cc, "grid just recorded"))
     try:
         for case, row in zip(shapes.GRID, rows):
             row.update(dispatched(case))
             speed = 1 / paired_ratio(row["dispatch"]["attention"], row["dispatch"]["sdpa_default"])
-            progress(f"attention {case.name}: {row['choice']}, {'correct' if row['check']['passed'] else 'WRONG'}, "
-                     f"{speed:.2f}x SDPA default's speed")
+            say(f"attention {case.name}: {row['choice']}, {'correct' if row['check']['passed'] else 'WRONG'}, "
+                f"{speed:.2f}x SDPA default's speed")
     finally:
         use_table(None)
     record = experiments.make_record(NAME, None, {name: {} for name in names}, rows,
                                      build_phases={name: name for name in names})
     record.update(candidates=names, tuning=table, gpu_info=asdict(gpu), rounds=ROUNDS)
     path = results.write(record)
-    frame_ = frame(record)
-    from . import tables
-    progress(tables.grid_targets(summary(frame_)).to_string(index=False))
-    progress(tables.grid_mission(frame_).to_string(index=False))
+    recorded = frame(record)
+    progress(tables.grid_targets(summary(recorded)).to_string(index=False))
+    progress(tables.grid_mission(recorded).to_string(index=False))
     return path
 
 
@@ -171,7 +180,8 @@ def frame(record: dict) -> pd.DataFrame:
         out["batch_heads"] = row["batch"] * row["heads"]
         out.update({f"{name}_us": timing["gpu_us"] for name, timing in race_.items()})
         out["fastest"] = min(methods, key=lambda name: race_[name]["gpu_us"])
-        out["fastest_candidate"] = min((n for n in candidates if n in race_), key=lambda n: race_[n]["gpu_us"])
+        out["fastest_candidate"] = min((n for n in candidates if n in race_), key=lambda n: race_[n]["gpu_us"],
+                                       default=None)   # None where no candidate runs the case
         out.update({f"check_{key}": value for key, value in row["check"].items()})
         for name in ("attention", *DISPATCH_BASELINES):   # NaN for a baseline that did not run
             timing = timed.get(name) or {}
