@@ -6,8 +6,9 @@
 As SDPA picks a backend for each call, `attention` picks a phase, with its default tiles for this GPU:
 - with a tuning table for this GPU (tuning.py: the grid recorded on it, or on a GPU of the same compute
   capability), the fastest candidate recorded at the nearest grid case that can run the problem;
-- without one (fallback), the last phase in the book's order that runs the problem here, among the candidates
-  (phases.Phase.dispatch) if any can, whose `fallback_waves` hold the problem's size on this GPU.
+- otherwise (the fallback), among the candidates (phases.Phase.dispatch) that run the problem here, or every
+  phase that does where no candidate can, the last in the book's order whose `fallback_waves` hold the
+  problem's size on this GPU (the last of them all where none does).
 
 The choice is made once per input signature (devices, dtypes, shapes, strides, alignment, mask and the
 `phase` argument) and kept in a dict, after the full checks of binding.py; each chosen phase is loaded once per
