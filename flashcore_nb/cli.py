@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,grid,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,grid,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -10,19 +10,23 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
-problems (chapter 7); grid: every candidate phase and SDPA backend over the grid of shapes, the tuning
-table flashcore_nb.attention reads, and attention timed through it (chapter "Choosing a kernel"). The
-last ten write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
+problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
+problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
+suspect of a larger error changed each) on the same problems and timed (the results chapter); grid:
+every candidate phase and SDPA backend over the grid of shapes, the tuning table flashcore_nb.attention
+reads, and attention timed through it (chapter "Choosing a kernel"). The
+last eleven write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import pandas as pd
 
-from . import binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize, shapes
+from . import accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -32,7 +36,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "drift", "split", "grid", "figures"])
+                                            "drift", "split", "accuracy", "grid", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -76,6 +80,20 @@ def main(argv=None) -> int:
             return 2
         for name in chosen:
             print("wrote", experiments.record_ablations(name))
+        return 0
+    if args.command == "accuracy":
+        cc = env.gpu().cc
+        runnable = [n for n in names if get(n).runs_on(cc)]
+        for name in sorted(set(names) - set(runnable), key=names.index):
+            print(f"{name}: skipped, it needs an {get(name).requirement} GPU", flush=True)
+        accuracy.prebuild(runnable, cc)
+        for name in runnable:
+            print(f"{name}: {len(accuracy.builds_of(name))} build(s) on "
+                  f"{sum(d.count for d in accuracy.DISTRIBUTIONS)} problems", flush=True)
+            path = accuracy.record(name)
+            summary = accuracy.summary(accuracy.frame(json.loads(path.read_text())), by=("build", "distribution", "dtype"))
+            print("wrote", path, flush=True)
+            print(summary.to_string(index=False), flush=True)
         return 0
     if args.command == "sweep":
         if len(names) != 1 or names[0] not in experiments.SWEEP_GRIDS:

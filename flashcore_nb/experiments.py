@@ -148,28 +148,29 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def compile_in_parallel(jobs: list[tuple[str, int, dict]], meanwhile=None) -> list[str | None]:
-    """Compile (phase, cc, tile parameters) builds in worker processes (the compiler is single-threaded),
-    each job a distinct build (two compiling the same extension would share its directory); `meanwhile`
-    runs in this process while they compile. Returns each job's compiler message, None where it compiled."""
+def compile_in_parallel(builds: list[tuple[str, dict]], cc: int, meanwhile=None) -> list[str | None]:
+    """Compile (phase, tile parameters) builds in parallel worker processes (the compiler is
+    single-threaded); `meanwhile` runs in this process while they compile. Per build, in order, the
+    compiler's output where it failed, else None."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    # one worker per distinct build: two compiling the same extension would share its directory
+    distinct = {(name, config_label(params)): params for name, params in builds}
+    workers = max(1, min(len(distinct), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_prebuild, job) for job in jobs]
+        futures = {key: pool.submit(_prebuild, (key[0], cc, params)) for key, params in distinct.items()}
         if meanwhile is not None:
             meanwhile()
-        return [future.result() for future in futures]
+        outcomes = {key: future.result() for key, future in futures.items()}
+    return [outcomes[(name, config_label(params))] for name, params in builds]
 
 
 def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
     """Compile every configuration in parallel; returns label -> compiler message for those that do not compile."""
     defaults = get(phase_name).tile_params_for(cc)   # load() builds with these merged in: same cache entry
-    build_of = {config_label(params): config_label({**defaults, **params}) for params in configs}
-    builds = {config_label({**defaults, **params}): {**defaults, **params} for params in configs}
-    outcomes = dict(zip(builds, compile_in_parallel([(phase_name, cc, p) for p in builds.values()])))
-    return {label: build.compile_message(outcomes[key]) for label, key in build_of.items() if outcomes[key]}
+    outcomes = compile_in_parallel([(phase_name, {**defaults, **params}) for params in configs], cc)
+    return {config_label(params): build.compile_message(log) for params, log in zip(configs, outcomes) if log}
 
 
 EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)

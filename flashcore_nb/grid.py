@@ -99,8 +99,8 @@ def _prebuild(names: list[str], cc: int) -> None:
     """Every candidate compiled in parallel, the launcher meanwhile (on a fresh machine, minutes saved)."""
     from . import build, launcher
     from .phases import PHASES
-    jobs = [(name, cc, PHASES[name].tile_params_for(cc)) for name in names]
-    errors = [error for error in experiments.compile_in_parallel(jobs, meanwhile=launcher.launcher) if error]
+    builds = [(name, PHASES[name].tile_params_for(cc)) for name in names]
+    errors = [error for error in experiments.compile_in_parallel(builds, cc, meanwhile=launcher.launcher) if error]
     if errors:
         raise build.CompileError("\n".join(errors))
 

@@ -51,6 +51,8 @@ class Variant:
     """The phase built with other -D defines (over its defaults). Tags say what the build is for:
     "ablation": a row of the chapter's ablation record, in list order (the label is the record's);
     "precision": a row of chapter 4's precision experiment (the label is the record's);
+    "accuracy": a build of the phase's accuracy record, beside the defaults on the same random problems
+    (accuracy.py: one suspect of an error larger than SDPA's changed);
     "sanitize": an extra compute-sanitizer target beside the defaults;
     "test": the GPU suite checks it on the whole shape suite (it must be correct)."""
     label: str
@@ -200,6 +202,21 @@ def _p08_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
             Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
 
 
+def p10_block_m(head_dim: int, params: dict) -> int:
+    """p10's query rows per CTA (16 per warp) for a head dim."""
+    return params["BLOCK_M_D128"] if head_dim == 128 else params["BLOCK_M"]
+
+
+def _p10_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    m, n, stages = p10_block_m(head_dim, params), params["BLOCK_N"], params["STAGES"]
+    # The inbox, where a cluster's CTAs send each other their partial O rows (padded by 8 floats
+    # against bank conflicts), maxima and sums, lies apart from the tiles: a CTA may receive while
+    # it still computes.
+    return [Buffer("Q tile", m, head_dim, 2), Buffer("K tiles (x STAGES)", stages * n, head_dim, 2),
+            Buffer("V tiles (x STAGES)", stages * n, head_dim, 2), Buffer("inbox: partial O (fp32)", m, head_dim + 8, 4),
+            Buffer("inbox: row maxima and sums (fp32)", 2, m, 4)]
+
+
 def _warps_define(params: dict, head_dim: int, split: bool) -> int:
     return params["NUM_WARPS"] * WARP
 
@@ -333,7 +350,8 @@ _REGISTRY = [
                      "SPLIT_BLOCK_M": 32, "SPLIT_BLOCK_N": 128, "SPLIT_STAGES": 2, "KV_SPLIT": 4,
                      "SMALL_PROBLEM_CTAS": -1, "SMALL_PROBLEM_FILL": 50, "Q_IN_REGS_MAX_D": 64,
                      "SWIZZLE": 1, "SEPARATE_MASKED_TILES": 1, "FOLD_LOG2E": 1, "LAZY_RESCALE": 1,
-                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0},
+                     "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "OVERLAP_SOFTMAX": 0,
+                     "RESCALE_SLACK": 8, "SUM_ROUNDED_P": 0, "EXACT_EXP": 0},
         # Not measured here (no such GPU): sized to fit. sm_89 allows 99 KB per block and 100 KB per SM,
         # so the key-split path takes one stage (144 KB at D = 128 with two).
         arch_tile_params={89: {"SPLIT_STAGES": 1}},
@@ -347,7 +365,8 @@ _REGISTRY = [
         split_defines={"SMALL_PROBLEM_CTAS": 1000},
         dispatch=True,
         variants=(
-            # Chapter 7's ablation: each technique changed alone from the defaults.
+            # Chapter 7's ablation: each technique changed alone from the defaults. Those also tagged
+            # "accuracy", with the ones after them, are the accuracy record's suspects, one at a time.
             variant("defaults", {}, "ablation"),
             variant("no swizzle", {"SWIZZLE": 0}, "ablation"),
             variant("16 rows per warp", {"WARP_ROWS": 16}, "ablation"),
@@ -357,14 +376,18 @@ _REGISTRY = [
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("256-row tiles (D=128)", {"BLOCK_M_D128": 256}, "ablation"),
             variant("mask every tile", {"SEPARATE_MASKED_TILES": 0}, "ablation"),
-            variant("exp, scale not folded", {"FOLD_LOG2E": 0}, "ablation"),
-            variant("rescale O every tile", {"LAZY_RESCALE": 0}, "ablation"),
+            variant("exp, scale not folded", {"FOLD_LOG2E": 0}, "ablation", "accuracy"),
+            variant("rescale O every tile", {"LAZY_RESCALE": 0}, "ablation", "accuracy"),
             variant("one CTA per query tile", {"PERSISTENT": 0}, "ablation"),
             variant("32-key tiles", {"BLOCK_N": 32}, "ablation"),
             variant("32-key tiles, softmax beside next Q·Kᵀ",
                     {"BLOCK_N": 32, "STAGES": 3, "STAGES_D128": 3, "OVERLAP_SOFTMAX": 1}, "ablation"),
             # the large-tile path on the small shapes of the suite
-            variant("no key-split path", {"SMALL_PROBLEM_CTAS": 0}, "ablation", "test"),
+            variant("no key-split path", {"SMALL_PROBLEM_CTAS": 0}, "ablation", "test", "accuracy"),
+            variant("key split on every problem", {"SMALL_PROBLEM_CTAS": 1 << 30}, "accuracy"),
+            variant("exact row maxima, O rescaled when one moves", {"RESCALE_SLACK": 0}, "accuracy"),
+            variant("row sums of the rounded P", {"SUM_ROUNDED_P": 1}, "accuracy"),
+            variant("exp in double precision, not ex2.approx", {"EXACT_EXP": 1}, "accuracy"),
             # A few persistent CTAs make every CTA cross many query tiles even on small problems: the
             # large-tile path with both pipelines and the overlap; other splits and stage counts; every
             # ablation switch at once (each must change the speed, never the result).
@@ -407,7 +430,8 @@ _REGISTRY = [
         aligned_16b=True,
         # Defaults from the H100 runs of chapter 8: two CTAs of 2 x 64 rows per SM at D = 64, one at D = 128.
         tile_params={"WARPGROUPS": 2, "BLOCK_N": 64, "CTAS_PER_SM": 2,
-                     "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0},
+                     "WARPGROUPS_D128": 2, "BLOCK_N_D128": 128, "CTAS_PER_SM_D128": 1, "OVERLAP": 0,
+                     "RESCALE_SLACK": 8, "SUM_ROUNDED_P": 0, "EXACT_EXP": 0},
         threads=lambda params, head_dim, split: p08_tiles(head_dim, params)[0] * 4 * WARP,
         smem_layout=_p08_layout,
         dispatch=True,
@@ -434,6 +458,43 @@ _REGISTRY = [
             variant("three warpgroups, 192-key tiles; one at D=128",
                     {"WARPGROUPS": 3, "BLOCK_N": 192, "CTAS_PER_SM": 1, "WARPGROUPS_D128": 1, "BLOCK_N_D128": 64},
                     "sanitize"),
+            # The accuracy record's suspects, one at a time (phase 7's, where p08 has them).
+            variant("exact row maxima", {"RESCALE_SLACK": 0}, "accuracy"),
+            variant("row sums of the rounded P", {"SUM_ROUNDED_P": 1}, "accuracy"),
+            variant("exp in double precision, not ex2.approx", {"EXACT_EXP": 1}, "accuracy"),
+        ),
+    ),
+    Phase(
+        name="p10_splitkv",
+        title="Phase 10: split-KV, the keys of a query tile split across a cluster",
+        notebook="10_splitkv",
+        kernel_name="attention_splitkv_kernel",
+        archs=(80, 89, 90),
+        min_cc=80,                # cp.async, bf16 mma.sync; the split itself needs clusters (sm_90)
+        aligned_16b=True,
+        # Defaults from the H100 runs of chapter 10: clusters of more than two CTAs measured slower.
+        tile_params={"BLOCK_M": 64, "BLOCK_M_D128": 64, "BLOCK_N": 128, "STAGES": 2, "MAX_SPLITS": 2,
+                     "SPLITS": -1, "WAVE_CTAS_PER_SM": 1},
+        # Not measured here (no such GPU): sized to fit the A100's 163 KB and the L4's 99 KB per block at D = 128.
+        arch_tile_params={80: {"BLOCK_N": 64}, 89: {"BLOCK_N": 64, "BLOCK_M_D128": 32}},
+        threads=lambda params, head_dim, split: p10_block_m(head_dim, params) // 16 * WARP,
+        smem_layout=_p10_layout,
+        variants=(
+            # Chapter 10's ablation, and every cluster size the heuristic can pick, forced on the whole
+            # suite and under the sanitizer.
+            variant("defaults", {}, "ablation"),
+            variant("split over 2 CTAs", {"SPLITS": 2}, "test", "ablation"),
+            variant("split over 4 CTAs", {"SPLITS": 4, "MAX_SPLITS": 4}, "test", "ablation"),
+            variant("split over 8 CTAs", {"SPLITS": 8, "MAX_SPLITS": 8}, "test", "sanitize", "ablation"),
+            variant("clusters of up to 8 CTAs", {"MAX_SPLITS": 8}, "ablation"),
+            variant("no split", {"SPLITS": 1}, "ablation"),
+            variant("128-row query tiles (64-key tiles: 128 do not fit D=128)",
+                    {"BLOCK_M": 128, "BLOCK_M_D128": 128, "BLOCK_N": 64}, "test", "ablation"),
+            variant("64-key tiles, 4 stages", {"BLOCK_N": 64, "STAGES": 4}, "ablation"),
+            variant("3 CTAs, 3 stages, 48-row 64-key tiles",
+                    {"SPLITS": 3, "MAX_SPLITS": 3, "STAGES": 3, "BLOCK_M": 48, "BLOCK_M_D128": 48, "BLOCK_N": 64},
+                    "test", "sanitize"),
+            variant("up to two CTAs per SM", {"WAVE_CTAS_PER_SM": 2}, "ablation"),
         ),
     ),
 ]

@@ -504,6 +504,43 @@ def stall_breakdown(frame: pd.DataFrame, stall_labels, provenance: str):
     return fig
 
 
+RATIO_RANGE = (1 / 8, 8.0)   # error ratios drawn inside this range (beyond it, at its edge)
+RATIO_TICKS = (0.125, 0.25, 0.5, 1, 2, 4, 8)
+
+
+def error_ratios(frames: dict[str, pd.DataFrame], title: str):
+    """The distribution of error / SDPA's error, one line per label (accuracy.frame rows), one panel per
+    dtype: the share of problems whose ratio is at least x, both axes log, so that the tail shows; with
+    SDPA's own level (1x), issue 15's target (1.5x) and the book's pass line (2x, plus 1e-4)."""
+    from .accuracy import RATIO_LINES
+    dtypes = [d for d in ("float16", "bfloat16") if any((f["dtype"] == d).any() for f in frames.values())]
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(4.6 * len(dtypes) + 0.6, 3.8), sharey=True, squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, dtype in zip(axes[0], dtypes):
+        for i, (label, frame) in enumerate(frames.items()):
+            ratios = np.sort(frame.loc[frame["dtype"] == dtype, "ratio"].clip(*RATIO_RANGE).to_numpy())
+            if len(ratios):
+                share = 1.0 - np.arange(len(ratios)) / len(ratios)   # of problems with a ratio >= this one
+                ax.step(ratios, share, where="post", color=colors[i % len(colors)], label=label, linewidth=1.2)
+        ax.axvline(1.0, color="#444444", linewidth=0.8)
+        for line, style in zip(RATIO_LINES, ("--", ":")):
+            ax.axvline(line, color="#d62728", linestyle=style, linewidth=1)
+            ax.text(line, 1.0, f" {line:g}x", color="#d62728", transform=ax.get_xaxis_transform(), va="top",
+                    fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(*RATIO_RANGE)
+        ax.set_xticks(RATIO_TICKS, [f"{tick:g}x" for tick in RATIO_TICKS])
+        ax.xaxis.set_minor_formatter(plt.matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("max error / SDPA's on the same inputs (log)")
+        ax.set_title(dtype, fontsize=9)
+    axes[0][0].set_ylabel("share of problems with a ratio >= x (log)")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # --- the grid: which method is fastest where, and what flashcore_nb.attention achieves (grid.frame) ----------
 
 # Phases take these in the order a figure meets them; the baselines keep BASELINE_COLORS.

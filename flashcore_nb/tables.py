@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import budget, build, results, roofline, shapes
+from . import accuracy, budget, build, results, roofline, shapes
 from .bench import BASELINES, TRITON, baseline_us, time_ratio
 from .phases import get
 from .shapes import Case
@@ -78,6 +78,45 @@ def key_split(rows: pd.DataFrame) -> pd.DataFrame:
         "defaults µs": rows["defaults_us"], "SDPA default µs": rows["sdpa_default_us"],
         "defaults / SDPA default": rows["defaults_vs_sdpa"]})
     return table.sort_values("CTAs", kind="stable").reset_index(drop=True)
+
+
+def accuracy_summary(frames: dict[str, pd.DataFrame], distribution: str = accuracy.RANDOM.name) -> pd.DataFrame:
+    """Per phase and dtype, the default build on one distribution's random problems (accuracy.frame per
+    phase): problems, how many pass the book's rule, the error as a multiple of SDPA's on the same
+    inputs (worst, 99th percentile, median) and the worst problem."""
+    parts = [accuracy.summary(accuracy.defaults(frame, distribution), by=("dtype",)).assign(phase=name)
+             for name, frame in frames.items()]
+    table = pd.concat(parts, ignore_index=True)
+    return table[["phase", "dtype", "problems", "passed", "worst", "99th percentile", "median", "worst problem"]]
+
+
+def accuracy_causes(record: dict) -> pd.DataFrame:
+    """An accuracy record's builds (the defaults, then one suspect changed each) on the same problems:
+    per distribution and dtype the worst error as a multiple of SDPA's, on the random problems its
+    99th percentile too, and the problems each build fails."""
+    frame = accuracy.frame(record)
+    table = pd.DataFrame(index=pd.Index(accuracy.build_labels(record), name="build"))
+    for (distribution, dtype), part in frame.groupby(["distribution", "dtype"], sort=False):
+        ratios = part.groupby("build", sort=False)["ratio"]
+        table[f"{distribution} {dtype} worst"] = ratios.max()
+        if distribution == accuracy.RANDOM.name:
+            table[f"{distribution} {dtype} 99th pct"] = ratios.apply(accuracy.percentile, q=0.99)
+    table["problems failed"] = (~frame["passed"]).groupby(frame["build"]).sum()
+    return table.reset_index()
+
+
+def accuracy_cost(record: dict) -> pd.DataFrame:
+    """What each build of an accuracy record costs: ptxas registers and spill bytes, and at each timing
+    case its GPU time over the defaults' and over SDPA default's, paired over interleaved rounds."""
+    timing = pd.DataFrame(record["timing"])
+    table = pd.DataFrame({"build": accuracy.build_labels(record)}).set_index("build")
+    table["registers"] = pd.Series({label: p["registers"] for label, p in record["ptxas"].items()})
+    table["spill bytes"] = pd.Series({label: p["spill_bytes"] for label, p in record["ptxas"].items()})
+    for key, name in (("vs_defaults", "/ defaults"), ("vs_sdpa", "/ SDPA default")):
+        by_case = timing.pivot(index="build", columns="case", values=key)
+        for case in dict.fromkeys(timing["case"]):
+            table[f"{case} {name}"] = by_case[case]
+    return table.reset_index()
 
 
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:

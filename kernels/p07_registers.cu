@@ -15,7 +15,7 @@
 //   - O: mma.sync accumulators, rescaled in place by exp2(m_old - m_new) per row.
 // Shared memory holds only Q, K and V. Rows of D halves are stored with their 16-byte chunks
 // XOR-swizzled by (row % 8), so the 8 rows an ldmatrix reads at one column land in 8 different
-// bank groups, with no padding.
+// bank groups, with no padding (common/swizzled_tile.cuh).
 // The pipeline: with STAGES >= 2, tile t+STAGES-1 is copied into the buffer tile t-1 used, right
 // after the one barrier per tile; with STAGES = 1 (FlashAttention-2's schedule), K and V have one
 // buffer each: V(t) is copied during Q·Kᵀ(t), and K(t+1) during P·V(t).
@@ -26,13 +26,15 @@
 // after the first tiles O is almost never rescaled (exact: O and the row sum share the stale base).
 // Causal: tiles entirely left of the diagonal skip the masking code, a warp whose rows see none of
 // a tile skips it, tiles right of the diagonal are never loaded, and the longest rows start first.
-// Small problems: when the grid would have fewer CTAs than the GPU has SMs, a second configuration
-// runs with KV_SPLIT warps per row group, each taking its own slice of every key tile; their
+// Small problems: when the large-tile grid would fill less than SMALL_PROBLEM_FILL percent of the
+// GPU's SMs, a second configuration runs with KV_SPLIT warps per row group, each taking its own slice of every key tile; their
 // partial softmax states are merged through shared memory at the end.
 //
 // Ablation switches (1 by default; 0 turns one technique off, results unchanged): SWIZZLE,
 // SEPARATE_MASKED_TILES, FOLD_LOG2E, LAZY_RESCALE, PERSISTENT. OVERLAP_SOFTMAX (0 by default) is a
-// measured dead end kept as one. Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
+// measured dead end kept as one. The accuracy experiment's switches (flashcore_nb/accuracy.py) change
+// the rounding, not the technique: RESCALE_SLACK (8; 0 keeps every row's maximum exact),
+// SUM_ROUNDED_P and EXACT_EXP (0 by default). Q_IN_REGS_MAX_D, WARP_ROWS, BLOCK_N, STAGES and
 // SMALL_PROBLEM_CTAS (0: never take the key-split path) are the others. Defaults are the H100's;
 // flashcore_nb/phases.py overrides them for other GPUs.
 //
@@ -50,6 +52,7 @@
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
+#include "common/swizzled_tile.cuh"
 #include "common/warp_reduce.cuh"
 
 // The configuration for problems that fill the GPU (BLOCK_M and STAGES for D = 64; D = 128 has its own).
@@ -95,18 +98,28 @@
 #ifndef Q_IN_REGS_MAX_D
 #define Q_IN_REGS_MAX_D 64
 #endif
-#ifndef SWIZZLE
-#define SWIZZLE 1
-#endif
 #ifndef SEPARATE_MASKED_TILES
 #define SEPARATE_MASKED_TILES 1
 #endif
 #ifndef FOLD_LOG2E
 #define FOLD_LOG2E 1
 #endif
-// Rescale O and the row sums only when some row's maximum grew by more than 2^8 (in exp's units).
+// Rescale O and the row sums only when some row's maximum grew by more than 2^RESCALE_SLACK (in
+// exp's units); 0: every tile, with exact maxima.
 #ifndef LAZY_RESCALE
 #define LAZY_RESCALE 1
+#endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 8
+#endif
+// Add P to the row sums as rounded to 16 bits, the very values P·V multiplies, rather than in fp32.
+#ifndef SUM_ROUNDED_P
+#define SUM_ROUNDED_P 0
+#endif
+// exp in double precision instead of MUFU.EX2's approximation: a slow diagnostic that measures what
+// the approximation costs in accuracy.
+#ifndef EXACT_EXP
+#define EXACT_EXP 0
 #endif
 // As many CTAs as fit on the GPU at once, each looping over query tiles and copying the next tile's
 // Q, K and V while it finishes the current one; 0: one CTA per query tile.
@@ -159,30 +172,6 @@ using LargeTiles = Tiles<kHeadDim == 128 ? BLOCK_M_D128 : BLOCK_M, BLOCK_N, WARP
                          kHeadDim == 128 ? STAGES_D128 : STAGES, 1, OVERLAP_SOFTMAX != 0>;
 using SplitTiles = Tiles<SPLIT_BLOCK_M, SPLIT_BLOCK_N, 16, SPLIT_STAGES, KV_SPLIT, false>;
 
-// Element offset of (row, 16-byte chunk) in a tile of rows of kHeadDim elements, chunks XOR-swizzled
-// by the row's low three bits. Needs at least 8 chunks per row (kHeadDim >= 64).
-template <int kHeadDim>
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  static_assert(kHeadDim % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes per row");
-  return row * kHeadDim + ((SWIZZLE ? chunk ^ (row & 7) : chunk) << 3);
-}
-
-// Where one lane's ldmatrix row lies, in bytes from its tile: the lane reads row `row` (whose low
-// three bits are the lane's own, every fragment row being lane % 8 plus a multiple of 8) at
-// chunk 2c + `half`. As 2c ^ x with x = half ^ (row & 7), the swizzle costs one XOR per chunk pair,
-// and moving the row by a multiple of 8 is a constant offset.
-template <int kHeadDim, typename T>
-struct FragmentRow {
-  uint32_t row_bytes;
-  uint32_t chunk_xor;
-  __device__ __forceinline__ FragmentRow(int row, int half)
-      : row_bytes(row * kHeadDim * sizeof(T)), chunk_xor(SWIZZLE ? half ^ (row & 7) : half) {}
-  // Byte offset of this lane's row `rows_down` rows further, at chunk pair `pair` (compile-time constants).
-  __device__ __forceinline__ uint32_t at(int rows_down, int pair) const {
-    return row_bytes + rows_down * kHeadDim * sizeof(T) + (((2 * pair) ^ chunk_xor) << 4);
-  }
-};
-
 template <typename T, int kHeadDim, typename Cfg>
 struct SharedStorage {
   // Per warp of a key-split CTA other than the first: its O accumulators, row maxima and row sums,
@@ -200,48 +189,11 @@ struct SharedStorage {
   static_assert(kMergeFloats * sizeof(float) <= sizeof(kv), "the key-split merge must fit in the K/V buffers");
 };
 
-// cp.async a tile of kRows rows starting at row `first` into its swizzled buffer; rows past `seqlen`
-// are zero-filled. Each thread copies the same chunk of every kThreads / kChunksPerRow-th row: when
-// that row step is a multiple of 8, the swizzle is the same on every pass, and both addresses
-// advance by a constant.
-template <int kRows, int kHeadDim, int kThreads, typename T>
-__device__ __forceinline__ void copy_tile_async(T* tile, const T* base, int64_t row_stride, int first, int seqlen) {
-  constexpr int kChunksPerRow = kHeadDim * sizeof(T) / 16, kChunks = kRows * kChunksPerRow;
-  constexpr int kPasses = (kChunks + kThreads - 1) / kThreads, kRowStep = kThreads / kChunksPerRow;
-  if constexpr (kThreads % (8 * kChunksPerRow) == 0) {
-    const int row = threadIdx.x / kChunksPerRow, chunk = threadIdx.x % kChunksPerRow;
-    const T* from = base + static_cast<int64_t>(first + row) * row_stride + chunk * 8;
-    const int64_t from_step = kRowStep * row_stride;
-    T* to = tile + swizzled<kHeadDim>(row, chunk);
-    if (first + kRows <= seqlen) {   // every tile but a sequence's last: no row to test
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i, from += from_step) {
-        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
-        cp_async_16(to + i * kRowStep * kHeadDim, from, true);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i, from += from_step) {
-        if (kChunks % kThreads != 0 && i * kThreads + static_cast<int>(threadIdx.x) >= kChunks) break;
-        const bool inside = first + row + i * kRowStep < seqlen;
-        cp_async_16(to + i * kRowStep * kHeadDim, inside ? from : base, inside);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int index = i * kThreads + threadIdx.x;
-      if (kChunks % kThreads != 0 && index >= kChunks) break;
-      const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-      const bool inside = first + row < seqlen;
-      cp_async_16(tile + swizzled<kHeadDim>(row, chunk), inside ? base + (first + row) * row_stride + chunk * 8 : base,
-                  inside);
-    }
-  }
-}
-
 // exp of a score already multiplied by score_scale and shifted by the row maximum.
-__device__ __forceinline__ float softmax_exp(float x) { return FOLD_LOG2E ? fast_exp2(x) : __expf(x); }
+__device__ __forceinline__ float softmax_exp(float x) {
+  if (EXACT_EXP) return static_cast<float>(FOLD_LOG2E ? exp2(static_cast<double>(x)) : exp(static_cast<double>(x)));
+  return FOLD_LOG2E ? fast_exp2(x) : __expf(x);
+}
 
 // One query tile of one head: which rows, and how many key tiles it needs.
 template <int kBlockM, int kBlockN>
@@ -327,8 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
   const FragmentRow<kHeadDim, T> v_row(slice + lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
   const float score_scale = FOLD_LOG2E ? params.scale * 1.4426950408889634f : params.scale;
   // With LAZY_RESCALE, a row's running maximum may trail its true one by up to this much (in exp's
-  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E), far inside fp16's range.
-  constexpr float kRescaleSlack = LAZY_RESCALE ? 8.f : 0.f;
+  // units): scores then exponentiate to at most 2^8 (e^8 without FOLD_LOG2E) by default, far inside
+  // fp16's range.
+  constexpr float kRescaleSlack = LAZY_RESCALE ? RESCALE_SLACK : 0.f;
   int step = 0;   // key tiles this CTA has computed: selects the K/V buffer
 
   for (int round = 0;; ++round) {
@@ -444,7 +397,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_registers_kernel(c
           for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
             for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = softmax_exp(s[mt][j][e] * score_scale - base);
-            partial[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+            // rounded as pack2 will round them for P·V
+            partial[j] = SUM_ROUNDED_P ? to_float(from_float<T>(s[mt][j][2 * h])) + to_float(from_float<T>(s[mt][j][2 * h + 1]))
+                                       : s[mt][j][2 * h] + s[mt][j][2 * h + 1];
           }
 #pragma unroll
           for (int width = kKeyTiles / 2; width >= 1; width /= 2)

@@ -26,6 +26,8 @@
 // WARPGROUPS_D128, BLOCK_N_D128 and CTAS_PER_SM_D128 for D = 128. OVERLAP=1 issues each tile's Q·Kᵀ
 // together with the previous tile's P·V, so that a warpgroup's softmax runs under its own P·V
 // (FlashAttention-3's intra-warpgroup pipelining): a measured dead end here, kept as a switch.
+// The accuracy experiment's switches (flashcore_nb/accuracy.py), phase 7's: RESCALE_SLACK (8; 0 keeps
+// every row's maximum exact), SUM_ROUNDED_P and EXACT_EXP (0 by default).
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
 // head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
@@ -65,6 +67,19 @@
 #endif
 #ifndef OVERLAP
 #define OVERLAP 0
+#endif
+// Move a row's maximum only when a tile's exceeds it by more than 2^RESCALE_SLACK (log2 units).
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 8
+#endif
+// Add P to the row sums as rounded to 16 bits, the very values P·V multiplies, rather than in fp32.
+#ifndef SUM_ROUNDED_P
+#define SUM_ROUNDED_P 0
+#endif
+// exp2 in double precision instead of MUFU.EX2's approximation: a slow diagnostic that measures what
+// the approximation costs in accuracy.
+#ifndef EXACT_EXP
+#define EXACT_EXP 0
 #endif
 
 template <int kHeadDim>
@@ -115,7 +130,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   constexpr int kKeyBlocks = Cfg::kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
   constexpr int kPSteps = Cfg::kBlockN / 16;     // k16 slices of P·V
   constexpr int kDBlocks = kHeadDim / 64;        // 64-column wgmmas per slice of P·V
-  constexpr float kRescaleSlack = 8.f;           // log2 units: move a row's maximum only past 2^8
+  constexpr float kRescaleSlack = RESCALE_SLACK;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -167,6 +182,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   }
 
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
+  const auto softmax_exp2 = [](float x) {
+    return EXACT_EXP ? static_cast<float>(exp2(static_cast<double>(x))) : fast_exp2(x);
+  };
   float o_acc[kDBlocks][32];
 #pragma unroll
   for (int j = 0; j < kDBlocks; ++j)
@@ -230,7 +248,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
       const float old_max = row_max[h];
       const float new_max = tile_max > old_max + kRescaleSlack ? tile_max : old_max;
       const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-      correction[h] = fast_exp2(old_max - base);
+      correction[h] = softmax_exp2(old_max - base);
       row_max[h] = new_max;
       row_sum[h] *= correction[h];
 #pragma unroll
@@ -240,8 +258,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[j][4 * c + 2 * h + e];
-            x = fast_exp2(x * score_scale - base);
-            row_sum[h] += x;
+            x = softmax_exp2(x * score_scale - base);
+            row_sum[h] += SUM_ROUNDED_P ? to_float(from_float<T>(x)) : x;   // rounded as pack2 will round it for P·V
           }
     }
   };

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashcore_nb
-from flashcore_nb import budget, env, sanitize
+from flashcore_nb import accuracy, budget, env, sanitize
 from flashcore_nb.binding import SharedMemoryError
 from flashcore_nb.check import check, make_inputs
 from flashcore_nb.reference import attention_fp64
@@ -32,6 +32,24 @@ def test_correct_on_shape_suite(cuda, name, case, dtype):
         result = check(flashcore_nb.load(name), case, getattr(torch, dtype), seed=seed)
         assert result.unwritten == 0, f"{result.unwritten} output elements never written"
         assert result.passed, result
+
+
+@pytest.mark.parametrize("name", PHASE_NAMES)
+def test_correct_on_random_problems(cuda, name):
+    """1,000 seeded random problems (any Sq and Sk, both layouts and dtypes, other scales, inputs from 0.1
+    to 16) and 200 of the stressed kind (Sq > Sk, small scale, large inputs): every one passes the book's rule."""
+    phase, gpu = flashcore_nb.PHASES[name], env.gpu()
+    if not phase.runs_on(gpu.cc):
+        with pytest.raises(RuntimeError, match=f"needs an {phase.requirement} GPU"):
+            flashcore_nb.load(name)(*make_inputs(MISSION))
+        return
+    _, rows = accuracy.measure(name, {accuracy.DEFAULTS: {}})
+    frame = accuracy.frame({"rows": rows})
+    assert (frame["distribution"] == accuracy.RANDOM.name).sum() >= 1000
+    failing = accuracy.failures(frame)
+    assert failing.empty, f"{len(failing)} of {len(frame)} problems fail; the worst:\n" + "\n".join(
+        f"{accuracy.describe(row)}: {row['ratio']:.2f}x SDPA's error, {row['unwritten']} unwritten"
+        for _, row in failing.head(5).iterrows())
 
 
 @pytest.mark.parametrize("name", PHASE_NAMES)
