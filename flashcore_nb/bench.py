@@ -215,6 +215,11 @@ def compare(fns: dict, case: Case, baselines=BASELINES, dtype=torch.float16, rou
 
     calls = {label: [phase_call(fn, *qkv) for qkv in inputs] for label, fn in fns.items()}
     calls.update(baseline_calls(baselines, inputs, case.causal))
+    return timed(calls, case, rounds)
+
+
+def timed(calls: dict, case: Case, rounds: int = ROUNDS) -> dict:
+    """interleaved() over `calls` (name -> one call per copy of the inputs) on a case, with each method's TFLOP/s."""
     timings = interleaved(calls, latency_calls(case), rounds)
     for name in calls:
         timings[name]["tflops"] = case.flops() / (timings[name]["gpu_us"] * 1e-6) / 1e12

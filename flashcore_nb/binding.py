@@ -94,7 +94,7 @@ def check_shared_memory(phase: Phase, needed: int, gpu: env.GpuInfo) -> None:
             f"{gpu.name} allows {gpu.smem_per_block_optin} (choose smaller tiles)")
 
 
-def _signature(q, k, v, causal, out):
+def signature(q, k, v, causal, out):
     """Everything validation looks at, as a hashable key; None for inputs that are not all tensors."""
     try:
         key = (q.device, k.device, v.device, q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape,
@@ -107,7 +107,7 @@ def _signature(q, k, v, causal, out):
         return None
 
 
-def _validate(module, phase: Phase, q, k, v, causal: bool, out) -> None:
+def validate(module, phase: Phase, q, k, v, causal: bool, out) -> None:
     """The full checks, with the messages the book shows: once per input signature."""
     check_device(q, k, v)
     gpu = env.gpu(q.device.index)
@@ -146,11 +146,11 @@ def load(name: str, **tile_params):
     def attention(q, k, v, causal: bool = False, scale: float | None = None, out=None):
         # Under torch.compile the call is traced straight to the op, whose C++ checks keep the launch safe.
         if not torch.compiler.is_compiling():
-            signature = _signature(q, k, v, causal, out)
-            if signature is None or signature not in validated:
-                _validate(built.module, phase, q, k, v, causal, out)
-                if signature is not None:
-                    validated.add(signature)
+            key = signature(q, k, v, causal, out)
+            if key is None or key not in validated:
+                validate(built.module, phase, q, k, v, causal, out)
+                if key is not None:
+                    validated.add(key)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         if out is None:
             return torch.ops.flashcore.attention(q, k, v, causal, scale, handle)

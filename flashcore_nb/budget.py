@@ -51,6 +51,12 @@ GPUS: dict[str, GpuLimits] = {
 }
 
 
+def gpu_info(limits: GpuLimits):
+    """The GPU as env.gpu() describes a visible one (what dispatch.choose takes), from its limits here."""
+    from .env import GpuInfo
+    return GpuInfo(limits.name, limits.cc, limits.sm_count, limits.smem_per_block_optin, 0, "")
+
+
 # --- occupancy ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

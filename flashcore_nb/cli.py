@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,grid,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -12,8 +12,10 @@ matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 t
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
 problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
 problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
-suspect of a larger error changed each) on the same problems and timed (the results chapter). The
-last ten write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
+suspect of a larger error changed each) on the same problems and timed (the results chapter); grid:
+every candidate phase and SDPA backend over the grid of shapes, the tuning table flashcore_nb.attention
+reads, and attention timed through it (chapter "Choosing a kernel"). The
+last eleven write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 
 import pandas as pd
 
-from . import accuracy, binding, build, drift, env, experiments, peaks, plots, profile, results, sanitize, shapes
+from . import accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize, shapes
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -34,7 +36,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "drift", "split", "accuracy", "figures"])
+                                            "drift", "split", "accuracy", "grid", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record, "profile": profile.record,
                  "peaks": peaks.record, "drift": drift.record,
-                 "split": experiments.record_key_split}
+                 "split": experiments.record_key_split, "grid": grid.record}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0

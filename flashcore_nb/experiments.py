@@ -45,20 +45,23 @@ def sweep_name(phase_name: str) -> str:
     return f"{phase_name}_sweep"
 
 
-def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict]) -> dict:
-    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured.
+def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict],
+                build_phases: dict[str, str] | None = None) -> dict:
+    """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured;
+    `build_phases`: label -> phase, for a record that measured several phases (`phase_name` None).
     A measurement of the GPU alone (peaks.py) names no phase and no builds, so it never goes stale."""
     stamp = results.stamp()
+    phase_of = {label: (build_phases or {}).get(label, phase_name) for label in builds}
     # the defaults load() merged in on the GPU the record is made on
-    defaults = get(phase_name).tile_params_for(stamp["env"]["cc"]) if builds else {}
-    builds = {label: {**defaults, **params} for label, params in builds.items()}
+    params_of = {label: {**get(phase_of[label]).tile_params_for(stamp["env"]["cc"]), **params}
+                 for label, params in builds.items()}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
         "phase": phase_name,
-        "builds": {label: {"tile_params": params,
-                           "kernel_sha256": build.kernel_sha256(get(phase_name).kernel_file, params)}
-                   for label, params in builds.items()},
+        "builds": {label: {"phase": phase_of[label], "tile_params": params,
+                           "kernel_sha256": build.kernel_sha256(get(phase_of[label]).kernel_file, params)}
+                   for label, params in params_of.items()},
         **stamp,
         "rows": rows,
     }
@@ -77,9 +80,11 @@ def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
 
 
 def stale_builds(record: dict) -> list[str]:
-    """Labels of the builds whose kernel source, headers or defines changed since the record."""
+    """Labels of the builds whose kernel source, headers or defines changed since the record (records made
+    before builds named their phase measured the record's one phase)."""
     return [label for label, b in record["builds"].items()
-            if b["kernel_sha256"] != build.kernel_sha256(get(record["phase"]).kernel_file, b["tile_params"])]
+            if b["kernel_sha256"] != build.kernel_sha256(get(b.get("phase", record["phase"])).kernel_file,
+                                                        b["tile_params"])]
 
 
 def provenance(record: dict) -> str:
@@ -143,9 +148,10 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def compile_in_parallel(builds: list[tuple[str, dict]], cc: int) -> list[str | None]:
+def compile_in_parallel(builds: list[tuple[str, dict]], cc: int, meanwhile=None) -> list[str | None]:
     """Compile (phase, tile parameters) builds in parallel worker processes (the compiler is
-    single-threaded); per build, in order, the compiler's output where it failed, else None."""
+    single-threaded); `meanwhile` runs in this process while they compile. Per build, in order, the
+    compiler's output where it failed, else None."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -153,7 +159,10 @@ def compile_in_parallel(builds: list[tuple[str, dict]], cc: int) -> list[str | N
     distinct = {(name, config_label(params)): params for name, params in builds}
     workers = max(1, min(len(distinct), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        outcomes = dict(zip(distinct, pool.map(_prebuild, [(name, cc, params) for (name, _), params in distinct.items()])))
+        futures = {key: pool.submit(_prebuild, (key[0], cc, params)) for key, params in distinct.items()}
+        if meanwhile is not None:
+            meanwhile()
+        outcomes = {key: future.result() for key, future in futures.items()}
     return [outcomes[(name, config_label(params))] for name, params in builds]
 
 

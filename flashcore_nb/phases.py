@@ -7,6 +7,7 @@ profile, tables, widgets) and the tests iterate over PHASES; none of them names 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -94,6 +95,10 @@ class Phase:
     split_defines: dict = field(default_factory=dict)
     variants: tuple[Variant, ...] = ()
     sweep_grid: dict | None = None    # define -> values: the recorded tile-size sweep (every combination)
+    dispatch: bool = False            # a candidate of flashcore_nb.attention: timed on the grid, ranked by it
+    # Where attention takes it on a GPU without a recorded tuning table: problems whose 128-row query
+    # tiles (B·H·⌈Sq/128⌉) fill [low, high) waves of one tile per SM (dispatch.fallback).
+    fallback_waves: tuple[float, float] = (0.0, math.inf)
 
     @property
     def kernel_file(self):
@@ -358,6 +363,7 @@ _REGISTRY = [
         smem_layout=_p07_layout,
         key_split=True,
         split_defines={"SMALL_PROBLEM_CTAS": 1000},
+        dispatch=True,
         variants=(
             # Chapter 7's ablation: each technique changed alone from the defaults. Those also tagged
             # "accuracy", with the ones after them, are the accuracy record's suspects, one at a time.
@@ -428,6 +434,10 @@ _REGISTRY = [
                      "RESCALE_SLACK": 0, "SUM_ROUNDED_P": 0, "EXACT_EXP": 0},
         threads=lambda params, head_dim, split: p08_tiles(head_dim, params)[0] * 4 * WARP,
         smem_layout=_p08_layout,
+        dispatch=True,
+        # Where the problem fills the GPU: in the H100 records p07 wins the mission shape (a quarter of a
+        # wave) and p08 most of the larger timing shapes.
+        fallback_waves=(1.0, math.inf),
         variants=(
             # Chapter 8's ablation; the overlap must also be correct and race-free.
             variant("defaults", {}, "ablation"),

@@ -539,3 +539,80 @@ def error_ratios(frames: dict[str, pd.DataFrame], title: str):
     fig.suptitle(title, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# --- the grid: which method is fastest where, and what flashcore_nb.attention achieves (grid.frame) ----------
+
+# Phases take these in the order a figure meets them; the baselines keep BASELINE_COLORS.
+PHASE_COLORS = ("#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f")
+
+
+def method_colors(names) -> dict[str, str]:
+    names = list(dict.fromkeys(names))
+    phases = [name for name in names if name not in BASELINE_COLORS]
+    return {**dict(zip(phases, itertools.cycle(PHASE_COLORS))),
+            **{name: BASELINE_COLORS[name] for name in names if name in BASELINE_COLORS}}
+
+
+def _short(method: str) -> str:
+    """'p07_registers' -> 'p07', 'sdpa_cudnn' -> 'cudnn'."""
+    return method.removeprefix("sdpa_") if method.startswith("sdpa_") else method.split("_")[0]
+
+
+def winner_map(frame: pd.DataFrame, title: str):
+    """One panel per head dim and mask, one cell per batch x heads (rows) and sequence length (columns),
+    coloured by the fastest method of the race (every candidate phase, SDPA backend and the Triton peer in the
+    same rounds); in each cell, the phase `attention` runs there and its speed over SDPA default (paired)."""
+    sizes = sorted({(b, h) for b, h in zip(frame["batch"], frame["heads"])}, key=lambda bh: (bh[0] * bh[1], bh))
+    seqlens = sorted(frame["seqlen_q"].unique())
+    panels = [(d, causal) for d in sorted(frame["head_dim"].unique()) for causal in (False, True)]
+    colors = method_colors([*frame["choice"], *frame["fastest"]])
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(11, 3.2 * len(panels) // 2 + 1), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax, (head_dim, causal) in zip(axes.flat, panels):
+        part = frame[(frame["head_dim"] == head_dim) & (frame["causal"] == causal)]
+        for _, row in part.iterrows():
+            x, y = seqlens.index(row["seqlen_q"]), sizes.index((row["batch"], row["heads"]))
+            ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colors[row["fastest"]], alpha=0.8,
+                                       edgecolor="white", linewidth=2))
+            ax.text(x, y, f"{_short(row['fastest'])}\nattention: {_short(row['choice'])}\n"
+                          f"{row['speed_vs_sdpa_default']:.2f}x default", ha="center", va="center", fontsize=7)
+        ax.set_facecolor("#f2f2f2")
+        ax.set_xlim(-0.5, len(seqlens) - 0.5)
+        ax.set_ylim(len(sizes) - 0.5, -0.5)
+        ax.set_xticks(range(len(seqlens)), seqlens)
+        ax.set_yticks(range(len(sizes)), [f"{b}x{h}" for b, h in sizes])
+        ax.set_title(f"D = {head_dim}, {'causal' if causal else 'no mask'}", fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("batch x heads")
+    handles = [Patch(color=color, alpha=0.8, label=name) for name, color in colors.items() if name in set(frame["fastest"])]
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles), title="fastest in the race")
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    return fig
+
+
+def grid_speed(frame: pd.DataFrame, title: str, worst_target: float | None = None):
+    """`attention`'s speed over SDPA default and over the Triton peer at every grid case (paired GPU time, log
+    scale, sorted), with the line of parity and, if given, the target it must never fall below."""
+    order = frame.sort_values("speed_vs_sdpa_default").reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(8, 0.17 * len(order) + 1.6))
+    y = np.arange(len(order))
+    for baseline, marker in (("sdpa_default", "o"), ("triton", "v")):
+        ax.scatter(order[f"speed_vs_{baseline}"], y, marker=marker, color=BASELINE_COLORS[baseline], zorder=3,
+                   label=f"over {baseline.replace('_', ' ')}")
+    ax.axvline(1.0, color="#444444", linewidth=1)
+    if worst_target is not None:
+        ax.axvline(worst_target, color="#d62728", linestyle=":", linewidth=1, label=f"target: never below {worst_target:g}x")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.xaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.set_yticks(y, order["case"], fontsize=6)
+    ax.set_xlabel("attention's speed over the baseline (paired GPU time; > 1: attention is faster)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    return fig

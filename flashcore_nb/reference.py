@@ -11,14 +11,26 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
     return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril()
 
 
+# Query rows are independent, so the reference takes them in blocks whose float64 scores stay under this
+# many elements (2 GiB): the grid's largest problem (4 x 16 x 8192 keys) would otherwise need 34 GB per copy.
+MAX_SCORE_ELEMENTS = 1 << 28
+
+
 def attention_fp64(q, k, v, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale [+ mask]) v computed in float64 on q's device; any Sq, Sk >= 1."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    rows = max(1, MAX_SCORE_ELEMENTS // (q[..., 0, 0].numel() * seqlen_k))
+    out = torch.empty_like(q)
+    visible = causal_mask(seqlen_q, seqlen_k, q.device) if causal else None
+    for start in range(0, seqlen_q, rows):
+        stop = min(start + rows, seqlen_q)
+        scores = torch.matmul(q[..., start:stop, :], k.transpose(-2, -1)) * scale
+        if causal:
+            scores = scores.masked_fill(~visible[start:stop], float("-inf"))
+        out[..., start:stop, :] = torch.matmul(torch.softmax(scores, dim=-1), v)
+    return out
 
 
 def chunked_online_attention(q, k, v, chunk: int = 128, causal: bool = False, scale: float | None = None):

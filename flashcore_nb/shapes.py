@@ -39,8 +39,9 @@ class Case:
         return s
 
 
-# The original project's reference problem.
+# The original project's reference problem, and the same with the causal mask.
 MISSION = Case("mission", 1, 8, 512, 64)
+MISSION_CAUSAL = Case("mission_causal", 1, 8, 512, 64, causal=True)
 
 # Correctness: the mission shape, the original project's small shapes, edge lengths, D=128,
 # causal, Sq != Sk and large magnitudes.
@@ -56,7 +57,7 @@ CORRECTNESS = [
     Case("s1000", 1, 8, 1000, 64),
     Case("d128", 1, 8, 512, 128),
     Case("s17_d128", 2, 3, 17, 128),
-    Case("mission_causal", 1, 8, 512, 64, causal=True),
+    MISSION_CAUSAL,
     Case("s1000_causal_d128", 1, 4, 1000, 128, causal=True),
     Case("sq_lt_sk", 1, 8, 100, 64, seqlen_k=300),
     Case("sq_gt_sk_causal", 1, 8, 300, 64, causal=True, seqlen_k=100),
@@ -66,7 +67,7 @@ CORRECTNESS = [
 # Speed: the mission shape and the large shapes of ANCHORS.md.
 TIMING = [
     MISSION,
-    Case("mission_causal", 1, 8, 512, 64, causal=True),
+    MISSION_CAUSAL,
     Case("b16h16_s512", 16, 16, 512, 64),
     Case("b4h16_s2048", 4, 16, 2048, 64),
     Case("b4h16_s2048_causal", 4, 16, 2048, 64, causal=True),
@@ -86,7 +87,22 @@ SMALL = [
     ]
 ]
 
-SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "mission": [MISSION]}
+# Where flashcore_nb.attention chooses among phases (issue 17's grid): every batch, length, head dim and
+# mask below with at most GRID_MAX_TOKENS tokens per call (B·S), 16 heads, plus the mission shapes. The
+# `grid` command times every candidate phase and SDPA backend on it; the tuning table is its ranking.
+GRID_BATCHES = (1, 4, 16)
+GRID_HEADS = 16
+GRID_SEQLENS = (128, 512, 2048, 8192)
+GRID_HEAD_DIMS = (64, 128)
+GRID_MAX_TOKENS = 32768   # bounds the largest problem: 4 x 16 x 8192 x 128, about 2 TFLOP per call
+GRID = [MISSION, MISSION_CAUSAL] + [
+    Case(f"b{b}h{GRID_HEADS}_s{s}" + ("_d128" if d == 128 else "") + ("_causal" if causal else ""), b, GRID_HEADS, s, d,
+         causal=causal)
+    for d in GRID_HEAD_DIMS for causal in (False, True) for b in GRID_BATCHES for s in GRID_SEQLENS
+    if b * s <= GRID_MAX_TOKENS
+]
+
+SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION]}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

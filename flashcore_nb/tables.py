@@ -1,10 +1,11 @@
 """Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, and
-every phase side by side (the results chapter)."""
+every phase side by side (the results chapter), and flashcore_nb.attention over the grid (the chapter
+"Choosing a kernel")."""
 from __future__ import annotations
 
 import pandas as pd
 
-from . import accuracy, budget, build, results, roofline
+from . import accuracy, budget, build, results, roofline, shapes
 from .bench import BASELINES, TRITON, baseline_us, time_ratio
 from .phases import get
 from .shapes import Case
@@ -266,4 +267,91 @@ def intensity(cases: list[Case], peaks=None) -> pd.DataFrame:
             row["roofline TFLOP/s"] = roofline.attainable_tflops(flop_per_byte, peak, bandwidth)
             row["bound by"] = "memory" if flop_per_byte < roofline.ridge(peak, bandwidth) else "compute"
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- the grid: flashcore_nb.attention against SDPA (grid.frame) ---------------------------------------------
+
+def grid_targets(summary: dict) -> pd.DataFrame:
+    """grid.summary against issue 17's targets: each measure, its value in the record, the target, and whether
+    the record meets it."""
+    from .grid import MISSION_CALL_TARGET, MISSION_TARGET_US, TARGETS
+    rows = []
+    for measure, target in TARGETS.items():
+        value = summary[measure]
+        label = f"{measure} ({summary['worst case']})" if measure.startswith("worst") else measure
+        rows.append({"measure": label, "recorded": value, "target": f"≥ {target:g}",
+                     "met": None if value is None else value >= target})
+    for measure, target in (("mission GPU µs", MISSION_TARGET_US),
+                            ("mission call latency / SDPA default's", MISSION_CALL_TARGET)):
+        rows.append({"measure": measure, "recorded": summary[measure], "target": f"≤ {target:g}",
+                     "met": summary[measure] <= target})
+    return pd.DataFrame(rows)
+
+
+def _grid_view(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "case": frame["case"], "shape": frame["shape"], "SDPA default runs": frame["sdpa_default_backend"],
+        "fastest": frame["fastest"], "attention runs": frame["choice"],
+        "attention GPU µs": frame["attention_dispatch_us"], "SDPA default GPU µs": frame["sdpa_default_dispatch_us"],
+        "Triton peer GPU µs": frame[f"{TRITON}_dispatch_us"],
+        "speed vs SDPA default": frame["speed_vs_sdpa_default"], "speed vs Triton": frame[f"speed_vs_{TRITON}"],
+        "attention call µs": frame["attention_call_us"], "SDPA default call µs": frame["sdpa_default_call_us"],
+        "correct": frame["check_passed"]})
+
+
+def grid_cases(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every grid case: the backend SDPA picks, the fastest method of the race, the phase `attention` runs,
+    `attention`'s GPU time beside SDPA default's and the Triton peer's from the same rounds with its speed
+    over each (paired; above 1 faster), both call latencies, and its check."""
+    return _grid_view(frame).reset_index(drop=True)
+
+
+def grid_mission(frame: pd.DataFrame) -> pd.DataFrame:
+    """grid_cases at the mission shapes: GPU time and call latency of `attention` beside SDPA's."""
+    view = _grid_view(frame)
+    mission = view[view["case"].isin([shapes.MISSION.name, shapes.MISSION_CAUSAL.name])]
+    return mission.drop(columns=["shape", "fastest", "correct"]).reset_index(drop=True)
+
+
+# --- how flashcore_nb.attention chooses (dispatch.py, tuning.py) --------------------------------------------
+
+def dispatch_candidates() -> pd.DataFrame:
+    """The phases `attention` chooses among (phases.Phase.dispatch) and what each declares."""
+    from .phases import PHASES
+    return pd.DataFrame([{"phase": name, "runs on": phase.requirement, "dtypes": ", ".join(phase.dtypes),
+                          "head dims": ", ".join(map(str, phase.head_dims)), "causal": phase.causal,
+                          "Sq ≠ Sk": phase.cross_lengths,
+                          "fallback: waves from": phase.fallback_waves[0], "fallback: waves below": phase.fallback_waves[1]}
+                         for name, phase in PHASES.items() if phase.dispatch])
+
+
+def dispatch_fallback(cases: list[Case], gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
+    """case x GPU: the phase `attention` takes without a tuning table (dispatch.fallback), in fp16; the GPUs
+    described by their limits in budget.py."""
+    from .dispatch import fallback
+    from .tuning import Problem
+    rows = []
+    for case in cases:
+        row = {"case": case.label()}
+        for limits in gpus:
+            choice = fallback(budget.gpu_info(limits), Problem.of_case(case))
+            row[f"{limits.name} (sm_{limits.cc})"] = choice.phase if choice else "none runs it"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def dispatch_choices(cases: list[Case], gpu, table) -> pd.DataFrame:
+    """What `attention` runs for each problem on a GPU (env.GpuInfo) with a tuning table (or None): the
+    problem's size in waves of 128-row query tiles, the nearest grid case, the phase, and why."""
+    from .dispatch import choose
+    from .tuning import Problem, nearest
+    rows = []
+    for case in cases:
+        problem = Problem.of_case(case)
+        entry = nearest(table, problem) if table is not None else None
+        choice = choose(gpu, problem, table)
+        rows.append({"problem": case.label(), "waves": problem.waves(gpu.sms),
+                     "nearest grid case": entry.case if entry else None,
+                     "attention runs": choice.phase if choice else None, "why": choice.reason if choice else None})
     return pd.DataFrame(rows)

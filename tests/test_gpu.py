@@ -214,13 +214,13 @@ def test_bench_times_every_baseline_in_interleaved_rounds(cuda):
 
 # --- the call path: one operator call per launch (csrc/launcher.cpp) ---------------------------------
 
-def test_inputs_are_validated_once_per_signature(cuda, monkeypatch):
+def test_inputs_are_validated_once_persignature(cuda, monkeypatch):
     from flashcore_nb import binding
     fn = flashcore_nb.load("p07_registers")
     q, k, v = make_inputs(Case("sig", 1, 2, 70, 64), seed=3)
     calls = []
-    real = binding._validate
-    monkeypatch.setattr(binding, "_validate", lambda *args: calls.append(args) or real(*args))
+    real = binding.validate
+    monkeypatch.setattr(binding, "validate", lambda *args: calls.append(args) or real(*args))
     first = fn(q, k, v)
     for _ in range(3):
         torch.testing.assert_close(fn(q, k, v), first, rtol=0, atol=0)
@@ -289,3 +289,144 @@ def test_cuda_graph_replays_with_new_inputs(cuda):
             dst.copy_(src)
         graph.replay()
         torch.testing.assert_close(out, fn(q, k, v), rtol=0, atol=0)
+
+
+# --- flashcore_nb.attention: the phase chosen per GPU and shape (dispatch.py) --------------------------------
+
+ATTENTION_CASES = [MISSION, Case("attention_causal_d128", 2, 4, 200, 128, causal=True),
+                   Case("attention_sq_lt_sk", 1, 8, 100, 64, seqlen_k=300), Case("attention_large", 4, 16, 1024, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: c.name)
+def test_attention_matches_the_reference(cuda, case, dtype):
+    """The phase auto picks is correct on the case (its output poisoned first), and attention returns what
+    that phase returns."""
+    from flashcore_nb import dispatch
+    q, k, v = make_inputs(case, dtype, seed=8)
+    if dtype == torch.bfloat16 and env.gpu().cc < 80:
+        with pytest.raises(TypeError, match="bfloat16 needs compute capability 8.0"):
+            flashcore_nb.attention(q, k, v, is_causal=case.causal)
+        return
+    fn = dispatch.chosen(q, k, v, is_causal=case.causal)
+    assert fn.phase.name in dispatch.candidates(env.gpu()) or not dispatch.candidates(env.gpu())
+    result = check(fn, case, dtype, seed=8)
+    assert result.unwritten == 0 and result.passed, result
+    out = flashcore_nb.attention(q, k, v, is_causal=case.causal)
+    torch.testing.assert_close(out, fn(q, k, v, causal=case.causal), rtol=0, atol=0)
+
+
+def test_attention_honours_scale(cuda):
+    import torch.nn.functional as F
+    q, k, v = make_inputs(MISSION, seed=10)
+    reference = attention_fp64(q, k, v, causal=True, scale=0.3)
+    sdpa_err = (F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3).double() - reference).abs().max()
+    err = (flashcore_nb.attention(q, k, v, is_causal=True, scale=0.3).double() - reference).abs().max()
+    assert err <= 2 * sdpa_err + 1e-4, (err, sdpa_err)
+
+
+def test_attention_chooses_once_per_signature(cuda, monkeypatch):
+    from flashcore_nb import dispatch
+    calls = []
+    real = dispatch.chosen
+    monkeypatch.setattr(dispatch, "chosen", lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    q, k, v = make_inputs(Case("signature", 1, 2, 71, 64), seed=3)
+    first = flashcore_nb.attention(q, k, v)
+    for _ in range(3):
+        torch.testing.assert_close(flashcore_nb.attention(q, k, v), first, rtol=0, atol=0)
+    assert len(calls) == 1
+    flashcore_nb.attention(q, k, v, is_causal=True)
+    flashcore_nb.attention(q, k, v, phase="p01_baseline")
+    assert len(calls) == 3, "a new signature (mask, phase argument) is chosen and validated again"
+
+
+def test_a_forced_phase_runs_that_phase(cuda):
+    from flashcore_nb import dispatch
+    q, k, v = make_inputs(Case("forced", 1, 4, 100, 64), seed=9)
+    for name in ("p01_baseline", *dispatch.candidates(env.gpu())):
+        assert dispatch.chosen(q, k, v, phase=name).phase.name == name
+        torch.testing.assert_close(flashcore_nb.attention(q, k, v, phase=name), flashcore_nb.load(name)(q, k, v),
+                                   rtol=0, atol=0)
+    with pytest.raises(KeyError, match="known phases: p01_baseline"):
+        flashcore_nb.attention(q, k, v, phase="p42_magic")
+    with pytest.raises(TypeError, match="p03_wmma supports dtypes float16; got bfloat16"):
+        flashcore_nb.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), phase="p03_wmma")
+
+
+def test_attention_refuses_bad_inputs_clearly_and_leaves_cuda_usable(cuda):
+    from flashcore_nb import dispatch
+    for label, (args, kwargs, error, message) in _bad_inputs(cuda).items():
+        if kwargs:   # `out` is load()'s; attention allocates its output, as SDPA does
+            continue
+        with pytest.raises(error, match=message):
+            flashcore_nb.attention(*args)
+        torch.cuda.synchronize()  # a sticky CUDA error would surface here
+    misaligned = torch.randn(1, 2, 16, 68, device=cuda, dtype=torch.float16)[..., 2:66]
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashcore_nb.attention(misaligned, misaligned, misaligned)
+    case = Case("after", 1, 2, 33, 64)
+    assert check(dispatch.chosen(*make_inputs(case)), case, torch.float16).passed, "a good call after bad ones failed"
+
+
+def test_attention_refuses_inputs_that_require_grad(cuda):
+    q, k, v = make_inputs(MISSION)
+    q.requires_grad_()
+    with pytest.raises(RuntimeError, match="forward only"):
+        flashcore_nb.attention(q, k, v)
+    with torch.no_grad():
+        flashcore_nb.attention(q, k, v)
+    torch.cuda.synchronize()
+
+
+def test_attention_under_torch_compile_matches_eager(cuda):
+    """fullgraph=True: the choice is made while tracing; a second shape traces again (dynamic after a
+    recompile, torch.compile's default) and chooses again."""
+    def block(q, k, v):
+        return flashcore_nb.attention(q * 0.5, k, v, is_causal=True) + 1
+
+    compiled = torch.compile(block, fullgraph=True)
+    for case in (Case("compiled", 2, 4, 200, 64), Case("compiled_large", 4, 16, 1024, 64),
+                 Case("compiled_d128", 1, 8, 300, 128)):
+        q, k, v = make_inputs(case, seed=4)
+        torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
+    bad = torch.randn(2, 4, 200, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="does not support head_dim 96"):
+        torch.compile(lambda q: flashcore_nb.attention(q, q, q), fullgraph=True)(bad)
+    torch.cuda.synchronize()
+
+
+def test_attention_in_a_cuda_graph_replays_with_new_inputs(cuda):
+    case = Case("graph_attention", 2, 8, 384, 64)
+    q, k, v = make_inputs(case, seed=5)
+    flashcore_nb.attention(q, k, v, is_causal=True)   # chosen, validated and warm before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashcore_nb.attention(q, k, v, is_causal=True)
+    for seed in (6, 7):
+        for dst, src in zip((q, k, v), make_inputs(case, seed=seed)):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(out, flashcore_nb.attention(q, k, v, is_causal=True), rtol=0, atol=0)
+        reference = attention_fp64(q, k, v, causal=True)
+        assert (out.double() - reference).abs().max() < 2e-3
+
+
+def test_the_grid_steps_on_one_case(cuda, monkeypatch):
+    """What `python -m flashcore_nb grid` does per case, on the mission shape with one round: the race, the
+    table from it, and attention checked and timed through that table."""
+    from flashcore_nb import dispatch, grid, tuning
+    monkeypatch.setattr(grid, "ROUNDS", 1)
+    gpu = env.gpu()
+    names = dispatch.candidates(gpu)
+    row = grid.race(MISSION, {name: flashcore_nb.load(name) for name in names}, gpu)
+    assert set(names) | {"sdpa_default", "sdpa_flash"} <= set(row["race"]) and row["sdpa_default_backend"]
+    table = tuning.derive([row], names)
+    dispatch.use_table(tuning.from_json(table, gpu.name, gpu.cc, "test table"))
+    try:
+        row.update(grid.dispatched(MISSION))
+    finally:
+        dispatch.use_table(None)
+    assert row["choice"] == table["entries"][0]["ranking"][0] and row["check"]["passed"]
+    assert {"attention", "sdpa_default"} <= set(row["dispatch"])
+    frame = grid.frame({"candidates": names, "rows": [row]})
+    assert frame.loc[0, "speed_vs_sdpa_default"] > 0 and frame.loc[0, "attention_call_us"] > 0

@@ -32,3 +32,12 @@ def test_chunked_online_softmax_is_the_same_function(causal):
     q, k, v = (torch.randn(1, 2, 300, 64) * 3 for _ in range(3))
     err = (chunked_online_attention(q, k, v, chunk=128, causal=causal) - attention_fp64(q, k, v, causal)).abs().max()
     assert err < 1e-4  # float32 rounding over 300 keys
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_in_query_blocks_is_the_same_function(causal, monkeypatch):
+    from flashcore_nb import reference
+    q, k, v = torch.randn(2, 3, 50, 64), torch.randn(2, 3, 40, 64), torch.randn(2, 3, 40, 64)
+    whole = attention_fp64(q, k, v, causal=causal)
+    monkeypatch.setattr(reference, "MAX_SCORE_ELEMENTS", 2 * 3 * 40 * 7)   # blocks of 7 query rows
+    assert torch.allclose(attention_fp64(q, k, v, causal=causal), whole, rtol=0, atol=1e-12)

@@ -124,21 +124,21 @@ def test_a_gpu_too_old_for_a_phase_gets_the_record_with_the_reason(monkeypatch):
 def test_the_validation_cache_key_changes_with_everything_validation_reads():
     """binding.load's function validates once per key: any input validation would judge differently
     must give another key."""
-    from flashcore_nb.binding import _signature
+    from flashcore_nb.binding import signature
     buffer = torch.randn(2 * 8 * 64 + 1, dtype=torch.float16)
     q, misaligned = buffer[:-1].view(1, 2, 8, 64), buffer[1:].view(1, 2, 8, 64)   # same shape, 2 bytes apart
-    base = _signature(q, q, q, False, None)
+    base = signature(q, q, q, False, None)
     others = {
-        "dtype": _signature(q.bfloat16(), q, q, False, None),
-        "k's dtype": _signature(q, q.float(), q, False, None),
-        "shape": _signature(q[:, :, :4], q, q, False, None),
-        "strides": _signature(q.transpose(2, 3), q, q, False, None),
-        "causal": _signature(q, q, q, True, None),
-        "alignment": _signature(misaligned, q, q, False, None),
-        "k's device": _signature(q, q.to("meta"), q, False, None),
-        "out": _signature(q, q, q, False, q.clone()),
+        "dtype": signature(q.bfloat16(), q, q, False, None),
+        "k's dtype": signature(q, q.float(), q, False, None),
+        "shape": signature(q[:, :, :4], q, q, False, None),
+        "strides": signature(q.transpose(2, 3), q, q, False, None),
+        "causal": signature(q, q, q, True, None),
+        "alignment": signature(misaligned, q, q, False, None),
+        "k's device": signature(q, q.to("meta"), q, False, None),
+        "out": signature(q, q, q, False, q.clone()),
     }
     for what, key in others.items():
         assert key != base, what
-    assert _signature(q, q, q, False, None) == base
-    assert _signature([1], q, q, False, None) is None
+    assert signature(q, q, q, False, None) == base
+    assert signature([1], q, q, False, None) is None

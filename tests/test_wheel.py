@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flashcore_nb.paths import KERNELS_DIR, REPO_URL, ROOT
+from flashcore_nb.paths import KERNELS_DIR, REPO_URL, RESULTS_DIR, ROOT
 
 # Runs in the fresh venv: what the installed package sees.
 PROBE = textwrap.dedent("""
@@ -21,6 +21,7 @@ PROBE = textwrap.dedent("""
     import flashcore_nb
     from flashcore_nb import build, paths
     from flashcore_nb.phases import PHASES
+    from flashcore_nb.tuning import GRID_RECORD
 
     p01 = PHASES["p01_baseline"]
     try:
@@ -30,6 +31,9 @@ PROBE = textwrap.dedent("""
     print(json.dumps({
         "package": flashcore_nb.__file__,
         "kernels_dir": str(paths.KERNELS_DIR),
+        "grid_records_dir": str(paths.GRID_RECORDS_DIR),
+        "grid_records": sorted(str(path.relative_to(paths.GRID_RECORDS_DIR))
+                               for path in paths.GRID_RECORDS_DIR.glob(f"*/experiments/{GRID_RECORD}.json")),
         "missing": [name for name, phase in PHASES.items() if not phase.kernel_file.is_file()],
         "registers": registers,
         "compile_error": compile_error,
@@ -87,6 +91,17 @@ def test_wheel_carries_every_kernel_unchanged(installed):
     theirs = {path.relative_to(shipped).as_posix(): path.read_bytes() for path in shipped.rglob("*") if path.is_file()}
     assert sorted(theirs) == sorted(ours)
     assert [rel for rel in ours if theirs[rel] != ours[rel]] == []
+
+
+def test_wheel_carries_the_grid_records_attention_reads(installed):
+    """flashcore_nb.attention's tuning tables come from results/<gpu>/experiments/grid.json: every one ships
+    unchanged, with the folder's README, and nothing else of results/ does."""
+    ours = sorted(str(path.relative_to(RESULTS_DIR)) for path in RESULTS_DIR.glob("*/experiments/grid.json"))
+    assert installed["grid_records"] == ours
+    shipped = Path(installed["package"]).parent / "grid_records"
+    assert Path(installed["grid_records_dir"]) == shipped
+    theirs = {str(path.relative_to(shipped)): path.read_bytes() for path in shipped.rglob("*") if path.is_file()}
+    assert theirs == {rel: (RESULTS_DIR / rel).read_bytes() for rel in ["README.md", *ours]}
 
 
 def test_installed_package_compiles_a_kernel(installed):
