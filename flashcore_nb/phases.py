@@ -476,7 +476,11 @@ _REGISTRY = [
         tile_params={"BLOCK_M": 64, "BLOCK_M_D128": 64, "BLOCK_N": 128, "STAGES": 2, "MAX_SPLITS": 2,
                      "SPLITS": -1, "WAVE_CTAS_PER_SM": 1},
         # Not measured here (no such GPU): sized to fit the A100's 163 KB and the L4's 99 KB per block at D = 128.
-        arch_tile_params={80: {"BLOCK_N": 64}, 89: {"BLOCK_N": 64, "BLOCK_M_D128": 32}},
+        arch_tile_params={80: {"BLOCK_N": 64}, 89: {"BLOCK_N": 32}},
+        # A candidate of attention() only through a recorded ranking: before sm_90 (no clusters) it is
+        # phase 7's loop without any key split, which the fallback should not pick.
+        dispatch=True,
+        fallback_waves=(0.0, 0.0),
         threads=lambda params, head_dim, split: p10_block_m(head_dim, params) // 16 * WARP,
         smem_layout=_p10_layout,
         variants=(
