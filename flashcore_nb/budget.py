@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Buffer, p07_tiles and p08_tiles are the registry's; chapters read them here, beside the budget they explain.
-from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles  # noqa: F401
+from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles, p10_block_m  # noqa: F401
 
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 
@@ -150,3 +150,49 @@ def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:
     """How many rounds of resident CTAs the grid needs: below 1 part of the GPU idles, and just
     above a whole number the last round runs a few CTAs on an otherwise empty GPU."""
     return ctas / (occ.blocks_per_sm * gpu.sm_count) if occ.fits else float("inf")
+
+
+# --- how many CTAs a small problem gets (chapter 10): arithmetic from the tile parameters -------------
+
+def p07_launch(case, params: dict, sms: int) -> dict:
+    """Phase 7's grid for `case` before its persistent cap: the large tiles, or the key split inside a CTA
+    when the large-tile grid would fill less than SMALL_PROBLEM_FILL percent of the SMs (the kernel's rule
+    with SMALL_PROBLEM_CTAS = -1). Every CTA streams all keys its rows see; the split adds warps, not CTAs
+    per query row."""
+    large = -(-case.seqlen_q // p07_tiles(case.head_dim, params, False)[0]) * case.heads * case.batch
+    split = large < sms * params["SMALL_PROBLEM_FILL"] // 100
+    block_m, _, _, warps = p07_tiles(case.head_dim, params, split)
+    ctas = -(-case.seqlen_q // block_m) * case.heads * case.batch
+    return {"configuration": "p07 key split (in the CTA)" if split else "p07 large tiles", "rows per CTA": block_m,
+            "warps per CTA": warps, "CTAs": ctas, "CTAs per query tile": 1, "keys per CTA": case.sk}
+
+
+def p10_splits(case, params: dict, sms: int, clusters: bool = True) -> int:
+    """The CTAs that split one query tile's keys, as p10's choose_splits picks them: 1 without clusters
+    (before sm_90); SPLITS where it is forced; else doubled while the grid stays within one wave
+    (WAVE_CTAS_PER_SM per SM), within MAX_SPLITS, dividing the tile's rows, and at least one key tile
+    per CTA."""
+    if not clusters:
+        return 1
+    if params["SPLITS"] > 0:
+        return params["SPLITS"]
+    block_m, block_n = p10_block_m(case.head_dim, params), params["BLOCK_N"]
+    items = -(-case.seqlen_q // block_m) * case.heads * case.batch
+    longest = min(case.sk, -(-case.seqlen_q // block_m) * block_m) if case.causal else case.sk
+    key_tiles, wave, splits = -(-longest // block_n), sms * params["WAVE_CTAS_PER_SM"], 1
+    while (splits * 2 <= params["MAX_SPLITS"] and block_m % (splits * 2) == 0 and items * splits * 2 <= wave
+           and splits * 2 <= key_tiles):
+        splits *= 2
+    return splits
+
+
+def p10_launch(case, params: dict, sms: int, clusters: bool = True) -> dict:
+    """Phase 10's grid for `case`: query tiles x heads x splits CTAs, each with about 1/splits of its query
+    tile's key tiles (non-causal: of all keys)."""
+    block_m, block_n = p10_block_m(case.head_dim, params), params["BLOCK_N"]
+    splits = p10_splits(case, params, sms, clusters)
+    ctas = -(-case.seqlen_q // block_m) * case.heads * case.batch * splits
+    key_tiles = -(-case.sk // block_n)
+    return {"configuration": f"p10, split over {splits} CTA{'s' if splits > 1 else ''}", "rows per CTA": block_m,
+            "warps per CTA": block_m // 16, "CTAs": ctas, "CTAs per query tile": splits,
+            "keys per CTA": min(case.sk, -(-key_tiles // splits) * block_n)}

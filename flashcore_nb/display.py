@@ -22,6 +22,22 @@ def kernel_source(phase_name: str) -> Code:
     return Code(get(phase_name).kernel_file.read_text(), language="cuda")
 
 
+def kernel_excerpt(file: str, first: str, last: str) -> Code:
+    """The lines of kernels/`file` from the first line containing `first` through the next line containing
+    `last`, syntax-highlighted, under a comment that says where they are: a chapter's excerpt of what is new
+    stays in step with the file it shows."""
+    from .paths import KERNELS_DIR
+    lines = (KERNELS_DIR / file).read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if first in line), None)
+    if start is None:
+        raise ValueError(f"kernels/{file} has no line containing {first!r}")
+    end = next((i for i in range(start, len(lines)) if last in lines[i]), None)
+    if end is None:
+        raise ValueError(f"kernels/{file} has no line containing {last!r} after line {start + 1}")
+    header = f"// kernels/{file}, lines {start + 1}-{end + 1}"
+    return Code("\n".join([header, *lines[start:end + 1]]), language="cuda")
+
+
 class Diff:
     """A unified diff: removed lines red, added lines green, in Jupyter and on a static page alike;
     the plain text everywhere else."""

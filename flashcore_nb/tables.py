@@ -181,6 +181,39 @@ def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# --- small problems across CTAs (chapter 10): arithmetic from the registry's tile parameters ------------
+
+def small_problem_grids(case: Case, cc: int = 90, sms: int = budget.GPUS["H100"].sm_count) -> pd.DataFrame:
+    """How many CTAs phase 7 and phase 10 give `case` on a GPU of compute capability `cc` with `sms` SMs,
+    and how many keys each CTA streams: phase 7's large tiles, phase 7's own choice, phase 10 with no split,
+    and phase 10's defaults (clusters from sm_90 on)."""
+    p07, p10 = get("p07_registers").tile_params_for(cc), get("p10_splitkv").tile_params_for(cc)
+    rows = [budget.p07_launch(case, {**p07, "SMALL_PROBLEM_FILL": 0}, sms), budget.p07_launch(case, p07, sms),
+            budget.p10_launch(case, {**p10, "SPLITS": 1}, sms), budget.p10_launch(case, p10, sms, clusters=cc >= 90)]
+    table = pd.DataFrame(rows).drop_duplicates(subset="configuration")
+    table["% of SMs"] = 100.0 * table["CTAs"] / sms
+    table["keys per CTA, % of the head's"] = 100.0 * table["keys per CTA"] / case.sk
+    table["K and V copied per CTA (KB)"] = table["keys per CTA"] * case.head_dim * 2 * 2 / 1024   # fp16 K and V
+    table["query rows x keys per CTA"] = table["rows per CTA"] * table["keys per CTA"]
+    return table.reset_index(drop=True)
+
+
+def p10_split_choices(cases: list[Case], variants: dict[str, dict], cc: int = 90,
+                      sms: int = budget.GPUS["H100"].sm_count) -> pd.DataFrame:
+    """variant x case: the CTAs per query tile (cluster size) phase 10 launches with each variant's defines
+    over its defaults (1: no split), and its grid's CTAs per SM."""
+    defaults = get("p10_splitkv").tile_params_for(cc)
+    rows = []
+    for label, defines in variants.items():
+        row = {"variant": label}
+        for case in cases:
+            launch = budget.p10_launch(case, {**defaults, **defines}, sms, clusters=cc >= 90)
+            row[f"{case.name} splits"] = launch["CTAs per query tile"]
+            row[f"{case.name} CTAs / SMs"] = launch["CTAs"] / sms
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 # --- every phase side by side: frames from results.timing_frame ------------------------------------
 
 def phases_correctness(records: dict[str, dict]) -> pd.DataFrame:

@@ -205,3 +205,27 @@ def test_ptxas_table_adds_the_dynamic_shared_memory_ptxas_cannot_see(monkeypatch
     assert table["dynamic smem bytes (D=128)"].tolist() == [103424]
     table, _ = tables.ptxas("p01_baseline", results.load("p01_baseline"))
     assert not any(column.startswith("dynamic") for column in table.columns)
+
+
+def test_p10_splits_mirror_the_kernels_heuristic():
+    """budget.p10_splits follows choose_splits in p10_splitkv.cu: double while one wave holds, within
+    MAX_SPLITS, with a key tile per CTA; 1 without clusters; SPLITS when forced."""
+    from flashcore_nb import shapes
+    params, sms = get("p10_splitkv").tile_params, budget.GPUS["H100"].sm_count
+    assert budget.p10_splits(shapes.MISSION, params, sms) == 2               # 64 tiles x 2 = 128 <= 132
+    assert budget.p10_splits(shapes.MISSION, {**params, "MAX_SPLITS": 8}, sms) == 2   # 256 would pass one wave
+    assert budget.p10_splits(shapes.MISSION, {**params, "MAX_SPLITS": 8, "WAVE_CTAS_PER_SM": 2}, sms) == 4
+    assert budget.p10_splits(shapes.MISSION, params, sms, clusters=False) == 1
+    assert budget.p10_splits(shapes.MISSION, {**params, "SPLITS": 8, "MAX_SPLITS": 8}, sms) == 8
+    assert budget.p10_splits(shapes.Case("big", 16, 16, 512, 64), params, sms) == 1
+    assert budget.p10_splits(shapes.Case("one_tile", 1, 1, 128, 64), {**params, "MAX_SPLITS": 8}, sms) == 1
+    launch = budget.p10_launch(shapes.MISSION, params, sms)
+    assert (launch["CTAs"], launch["keys per CTA"]) == (128, 256)
+
+
+def test_p07_launch_takes_the_key_split_below_the_fill_threshold():
+    from flashcore_nb import shapes
+    params, sms = get("p07_registers").tile_params, budget.GPUS["H100"].sm_count
+    assert budget.p07_launch(shapes.MISSION, params, sms)["CTAs"] == 128          # 32 large tiles < 66
+    assert budget.p07_launch(shapes.MISSION, {**params, "SMALL_PROBLEM_FILL": 0}, sms)["CTAs"] == 32
+    assert budget.p07_launch(shapes.Case("big", 16, 16, 512, 64), params, sms)["CTAs"] == 1024
