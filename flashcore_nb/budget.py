@@ -154,15 +154,20 @@ def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:
 
 # --- how many CTAs a small problem gets (chapter 10): arithmetic from the tile parameters -------------
 
+def query_tiles(case, block_m: int) -> int:
+    """Query tiles of `block_m` rows over every head of every batch: one CTA each, before any split or cap."""
+    return -(-case.seqlen_q // block_m) * case.heads * case.batch
+
+
 def p07_launch(case, params: dict, sms: int) -> dict:
     """Phase 7's grid for `case` before its persistent cap: the large tiles, or the key split inside a CTA
     when the large-tile grid would fill less than SMALL_PROBLEM_FILL percent of the SMs (the kernel's rule
     with SMALL_PROBLEM_CTAS = -1). Every CTA streams all keys its rows see; the split adds warps, not CTAs
     per query row."""
-    large = -(-case.seqlen_q // p07_tiles(case.head_dim, params, False)[0]) * case.heads * case.batch
+    large = query_tiles(case, p07_tiles(case.head_dim, params, False)[0])
     split = large < sms * params["SMALL_PROBLEM_FILL"] // 100
     block_m, _, _, warps = p07_tiles(case.head_dim, params, split)
-    ctas = -(-case.seqlen_q // block_m) * case.heads * case.batch
+    ctas = query_tiles(case, block_m)
     return {"configuration": "p07 key split (in the CTA)" if split else "p07 large tiles", "rows per CTA": block_m,
             "warps per CTA": warps, "CTAs": ctas, "CTAs per query tile": 1, "keys per CTA": case.sk}
 
@@ -177,7 +182,7 @@ def p10_splits(case, params: dict, sms: int, clusters: bool = True) -> int:
     if params["SPLITS"] > 0:
         return params["SPLITS"]
     block_m, block_n = p10_block_m(case.head_dim, params), params["BLOCK_N"]
-    items = -(-case.seqlen_q // block_m) * case.heads * case.batch
+    items = query_tiles(case, block_m)
     longest = min(case.sk, -(-case.seqlen_q // block_m) * block_m) if case.causal else case.sk
     key_tiles, wave, splits = -(-longest // block_n), sms * params["WAVE_CTAS_PER_SM"], 1
     while (splits * 2 <= params["MAX_SPLITS"] and block_m % (splits * 2) == 0 and items * splits * 2 <= wave
@@ -191,7 +196,7 @@ def p10_launch(case, params: dict, sms: int, clusters: bool = True) -> dict:
     tile's key tiles (non-causal: of all keys)."""
     block_m, block_n = p10_block_m(case.head_dim, params), params["BLOCK_N"]
     splits = p10_splits(case, params, sms, clusters)
-    ctas = -(-case.seqlen_q // block_m) * case.heads * case.batch * splits
+    ctas = query_tiles(case, block_m) * splits
     key_tiles = -(-case.sk // block_n)
     return {"configuration": f"p10, split over {splits} CTA{'s' if splits > 1 else ''}", "rows per CTA": block_m,
             "warps per CTA": block_m // 16, "CTAs": ctas, "CTAs per query tile": splits,

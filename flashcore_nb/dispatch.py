@@ -99,6 +99,14 @@ def nominal(gpu: env.GpuInfo) -> str | None:
     return ([name for name in running if PHASES[name].dispatch] or running or [None])[-1]
 
 
+def _nominal_here(gpu: env.GpuInfo) -> str:
+    """nominal(gpu), or a clear error where no phase runs on this GPU at all."""
+    name = nominal(gpu)
+    if name is None:
+        raise RuntimeError(f"no FlashCore phase runs on {gpu.name} (sm_{gpu.cc})")
+    return name
+
+
 def _choice(gpu: env.GpuInfo, q_shape, k_shape, dtype, causal: bool, phase: str) -> Choice | None:
     if phase != "auto":
         forced = get(phase)
@@ -122,10 +130,7 @@ def chosen(q, k, v, *, is_causal: bool = False, phase: str = "auto"):
     gpu = env.gpu(q.device.index)
     choice = _choice(gpu, q.shape, k.shape, q.dtype, bool(is_causal), phase)
     if choice is None:
-        name = nominal(gpu)
-        if name is None:
-            raise RuntimeError(f"no FlashCore phase runs on {gpu.name} (sm_{gpu.cc})")
-        binding.validate_problem(PHASES[name], q, k, v, bool(is_causal), gpu)   # names what is unsupported
+        binding.validate_problem(PHASES[_nominal_here(gpu)], q, k, v, bool(is_causal), gpu)   # names what is unsupported
         raise binding.SharedMemoryError(f"no FlashCore phase fits these inputs in the shared memory of {gpu.name}")
     binding.validate_problem(PHASES[choice.phase], q, k, v, bool(is_causal), gpu)   # before compiling anything
     fn = _load(choice, q.device.index)
@@ -145,9 +150,7 @@ def _traced_handle(device, dtype, q_shape, k_shape, causal: bool, phase: str) ->
     gpu = env.gpu(device.index)
     choice = _choice(gpu, q_shape, k_shape, dtype, causal, phase)
     if choice is None:
-        name = nominal(gpu)
-        if name is None:
-            raise RuntimeError(f"no FlashCore phase runs on {gpu.name} (sm_{gpu.cc})")
+        name = _nominal_here(gpu)
         choice = Choice(name, PHASES[name].tile_params_for(gpu.cc), "refused by the operator")
     return _load(choice, device.index).handle
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import build, env, results, shapes
+from . import budget, build, env, results, shapes
 from .paths import RESULTS_DIR
 from .phases import PHASES, get, p07_tiles
 
@@ -261,8 +261,7 @@ KEY_SPLIT_PATHS = {"large tiles": {"SMALL_PROBLEM_CTAS": 0}, "key split": {"SMAL
 
 def large_tile_ctas(case: shapes.Case, cc: int) -> int:
     """CTAs of the large-tile grid (one per query tile, before the persistent cap)."""
-    block_m = p07_tiles(case.head_dim, get(KEY_SPLIT_PHASE).tile_params_for(cc), split=False)[0]
-    return -(-case.seqlen_q // block_m) * case.heads * case.batch
+    return budget.query_tiles(case, p07_tiles(case.head_dim, get(KEY_SPLIT_PHASE).tile_params_for(cc), split=False)[0])
 
 
 def record_key_split() -> Path:
