@@ -650,18 +650,20 @@ def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None
                             linewidth=0)
             wrong = line[line["correct"].map(lambda c: c is False)]
             ax.scatter(wrong["seqlen"], wrong["tflops"], marker="x", s=60, color="black", zorder=4)
-        strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates
+        strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates: the strip's own band below 0
         for s, method in _fastest(part, False).items():
-            ax.scatter([s], [0.04], marker="s", s=70, color=colors.get(method, "#7f7f7f"), transform=strip, zorder=4,
-                       clip_on=False)
-            ax.text(s, 0.09, _short(method), transform=strip, ha="center", fontsize=6)
+            ax.scatter([s], [0.035], marker="s", s=60, color=colors.get(method, "#7f7f7f"), transform=strip, zorder=4)
+            ax.text(s, 0.07, _short(method), transform=strip, ha="center", fontsize=6)
         if one_wave is not None:
             ax.axvline(one_wave, color="#444444", linestyle=":", linewidth=1)
             ax.text(one_wave, 0.97, " one wave of\n 128-row tiles", transform=strip, fontsize=6, va="top")
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqlens, [_seqlen(s) for s in seqlens])
         ax.xaxis.set_minor_locator(plt.matplotlib.ticker.NullLocator())
-        ax.set_ylim(bottom=0, top=max(part["tflops_high"].max(), 1.0) * 1.1)
+        top = max(part["tflops_high"].max(), 1.0) * 1.1
+        ax.set_ylim(bottom=-0.14 * top, top=top)
+        ax.axhline(0, color="#bbbbbb", linewidth=0.8)
+        ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= top])
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"D = {head_dim}, {'causal' if causal else 'no mask'}", fontsize=9)
         ax.grid(alpha=0.3)
