@@ -88,7 +88,8 @@ def measure(case: shapes.Case, fns: dict, gpu: env.GpuInfo, rounds: int | None =
             "checks": checks, "timings": timings, "sm_clock_mhz": clock}
 
 
-def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None = None) -> Path:
+def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None = None,
+           root: Path = RESULTS_DIR) -> Path:
     """The module's three steps on every case (default: the whole sweep) on this GPU, then the record; a line per
     case as it goes (seconds since the start) and the table of where each kernel wins at the end."""
     import time
@@ -122,8 +123,8 @@ def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None 
     out = experiments.make_record(NAME, None, {name: {} for name in built}, rows,
                                   build_phases={name: name for name in built})
     out.update(phases=built, baselines=list(BASELINES), reference=REFERENCE, rounds=ROUNDS, dtype=DTYPE,
-               batch=shapes.SEQLEN_BATCH, heads=shapes.SEQLEN_HEADS, gpu_info=asdict(gpu))
-    path = results.write(out)
+               gpu_info=asdict(gpu))
+    path = results.write(out, root)
     progress(tables.seqlen_wins(frame(out)).to_string(index=False))
     return path
 
@@ -175,10 +176,11 @@ def frame(record: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def one_wave_seqlen(record: dict) -> float:
-    """The sequence length at which the sweep's B·H heads make one 128-row query tile per SM of the recorded GPU:
-    below it the large-tile grids leave SMs idle."""
-    return WAVE_TILE_ROWS * record["gpu_info"]["sms"] / (record["batch"] * record["heads"])
+def one_wave_seqlen(record: dict) -> float | None:
+    """The sequence length at which the sweep's B·H heads make one 128-row query tile per SM of the recorded GPU
+    (below it the large-tile grids leave SMs idle); None where the recorded cases differ in B·H."""
+    batch_heads = {row["batch"] * row["heads"] for row in record["rows"]}
+    return WAVE_TILE_ROWS * record["gpu_info"]["sms"] / batch_heads.pop() if len(batch_heads) == 1 else None
 
 
 def curve_methods(frame_: pd.DataFrame) -> list[str]:

@@ -91,7 +91,7 @@ def synthetic_record() -> dict:
                                      build_phases={n: n for n in PHASE_NAMES})
     record["env"] = {**results.load("p07_registers")["env"]}   # as recorded on the book's GPU
     record.update(phases=PHASE_NAMES, baselines=list(seqlen.BASELINES), reference=seqlen.REFERENCE,
-                  rounds=seqlen.ROUNDS, dtype="float16", batch=1, heads=16,
+                  rounds=seqlen.ROUNDS, dtype="float16",
                   gpu_info={"name": record["env"]["gpu"], "cc": 90, "sms": 132, "smem_per_block_optin": 232448,
                             "total_memory": 80 << 30, "driver": record["env"]["driver"]})
     return record
@@ -120,6 +120,9 @@ def test_frame_rates_spreads_and_paired_speeds():
     baseline = frame[(frame["case"] == "b1h16_s4096") & (frame["method"] == "triton")].iloc[0]
     assert baseline["correct"] is None and not baseline["is_phase"] and math.isnan(baseline["err_over_sdpa"])
     assert seqlen.one_wave_seqlen(synthetic_record()) == pytest.approx(128 * 132 / 16)
+    mixed = synthetic_record()
+    mixed["rows"][0]["batch"] = 2
+    assert seqlen.one_wave_seqlen(mixed) is None
     assert seqlen.curve_methods(frame) == [*PHASE_NAMES, "sdpa_cudnn", "sdpa_flash", "triton"]
 
 
