@@ -108,7 +108,7 @@ GRID = [MISSION, MISSION_CAUSAL] + [
 # of a wave: too little work to fill the GPU) and one wave at S ≈ 1k, so from 2k on every kernel is limited by
 # its arithmetic, not by idle SMs. It also bounds the cost: the largest case, 1 x 16 x 16384 x 128 without a
 # mask, is 2.2 TFLOP, 3-9 ms per call for the fast kernels and about 40 ms for p06 (grid and phase records), and
-# the whole sweep (32 cases, 4 phases and 4 baselines each) records in about 4 minutes.
+# the whole sweep (32 cases, 4 phases and 4 baselines each) records in 3-5 minutes, builds included.
 SEQLEN_BATCH, SEQLEN_HEADS = 1, 16
 SEQLEN_SEQLENS = tuple(2 ** n for n in range(7, 15))   # 128 ... 16384
 SEQLEN_HEAD_DIMS = (64, 128)
