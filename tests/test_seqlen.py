@@ -182,3 +182,21 @@ def test_the_curves():
               if not isinstance(c, plt.matplotlib.collections.PolyCollection)]
     assert marked.count((16384.0, pytest.approx(failed["tflops"]))) == 1
     plt.close("all")
+
+
+# --- the record, once made on the H100 ---------------------------------------------------------------------
+
+RECORDED = seqlen.load()
+
+
+@pytest.mark.skipif(RECORDED is None, reason="not recorded yet: `python -m flashcore_nb seqlen` on the H100")
+def test_the_recorded_sweep_covers_every_case_and_phase_and_every_check_passes():
+    assert [row["case"] for row in RECORDED["rows"]] == [case.name for case in shapes.SEQLEN_SWEEP]
+    gpu = env.GpuInfo(**RECORDED["gpu_info"])
+    assert RECORDED["phases"] == [name for name in seqlen.phases_swept() if PHASES[name].runs_on(gpu.cc)]
+    for row, case in zip(RECORDED["rows"], shapes.SEQLEN_SWEEP):
+        ran = [name for name in RECORDED["phases"] if seqlen.skip_reason(name, case, gpu) is None]
+        assert set(row["checks"]) == set(ran), case.name
+        assert all(check["passed"] and check["unwritten"] == 0 for check in row["checks"].values()), case.name
+        assert set(ran) | {"sdpa_default", "sdpa_flash"} <= set(row["timings"]), case.name
+    assert experiments.stale_builds(RECORDED) == []
