@@ -74,11 +74,18 @@ def measure(case: shapes.Case, fns: dict, gpu: env.GpuInfo, rounds: int | None =
     from .check import check
     from .grid import sdpa_default_backend
     skipped = {name: skip_reason(name, case, gpu) for name in fns}
-    runnable = {name: fn for name, fn in fns.items() if skipped[name] is None}
     checks = {}
-    for name, fn in runnable.items():
-        result = check(fn, case, torch.float16)
-        checks[name] = {key: getattr(result, key) for key in ("max_abs_err", "sdpa_max_abs_err", "unwritten", "passed")}
+    for name, fn in fns.items():
+        if skipped[name] is None:
+            try:
+                result = check(fn, case, torch.float16)
+            except (RuntimeError, ValueError, TypeError) as error:   # refused by the binding: named, not timed
+                torch.cuda.synchronize()   # a launch that broke the GPU ends the run here, loudly
+                skipped[name] = f"raised {type(error).__name__}: {error}"
+                continue
+            checks[name] = {key: getattr(result, key) for key in ("max_abs_err", "sdpa_max_abs_err", "unwritten",
+                                                                   "passed")}
+    runnable = {name: fn for name, fn in fns.items() if skipped[name] is None}
     timings = compare(runnable, case, BASELINES, rounds=ROUNDS if rounds is None else rounds)
     clock = timings.pop("sm_clock_mhz")
     return {"case": case.name, "shape": case.label(), "batch": case.batch, "heads": case.heads,
@@ -110,20 +117,27 @@ def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None 
     grid._prebuild(built, gpu.cc)   # in parallel, the launcher meanwhile
     fns = {name: load_phase(name) for name in built}
     say(f"built {', '.join(built) or 'no phase'}; {len(cases)} cases, {ROUNDS} rounds each")
+
+    def make(rows: list[dict]) -> dict:
+        out = experiments.make_record(NAME, None, {name: {} for name in built}, rows,
+                                      build_phases={name: name for name in built})
+        out.update(phases=built, baselines=list(BASELINES), reference=REFERENCE, rounds=ROUNDS, dtype=DTYPE,
+                   gpu_info=asdict(gpu), complete=len(rows) == len(cases))
+        return out
+
     rows = []
     for case in cases:
         row = measure(case, fns, gpu)
         rows.append(row)
+        results.write(make(rows), root)   # after every case: a run cut short keeps what it measured
         timings = row["timings"]
         fastest = max(timings, key=lambda m: timings[m]["tflops"])
         wrong = [name for name, c in row["checks"].items() if not c["passed"]]
         say(f"{case.name}: fastest {fastest} {timings[fastest]['tflops']:.0f} TFLOP/s; "
             + ", ".join(f"{name.split('_')[0]} {timings[name]['tflops']:.0f}" for name in row["checks"])
-            + (f"; WRONG: {', '.join(wrong)}" if wrong else "; all correct"))
-    out = experiments.make_record(NAME, None, {name: {} for name in built}, rows,
-                                  build_phases={name: name for name in built})
-    out.update(phases=built, baselines=list(BASELINES), reference=REFERENCE, rounds=ROUNDS, dtype=DTYPE,
-               gpu_info=asdict(gpu))
+            + (f"; WRONG: {', '.join(wrong)}" if wrong else "; all correct")
+            + "".join(f"; {name} not run: {reason}" for name, reason in row["skipped"].items()))
+    out = make(rows)
     path = results.write(out, root)
     progress(tables.seqlen_wins(frame(out)).to_string(index=False))
     return path

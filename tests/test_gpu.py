@@ -446,6 +446,7 @@ def test_the_seqlen_sweep_steps_on_one_case(cuda, monkeypatch, tmp_path):
     assert path == results.experiment_path(seqlen.NAME, env.gpu_slug(gpu.name), tmp_path)
     assert any(case.name in line for line in lines)
     record = seqlen.load(env.gpu_slug(gpu.name), root=tmp_path)
+    assert record["complete"]
     ran = [name for name in seqlen.phases_swept() if seqlen.skip_reason(name, case, gpu) is None]
     assert ran and record["phases"] == [n for n in seqlen.phases_swept() if flashcore_nb.PHASES[n].runs_on(gpu.cc)]
     row = record["rows"][0]
