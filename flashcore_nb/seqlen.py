@@ -16,7 +16,6 @@ why 16), in fp16:
 Pages read the record through `frame`, tables.seqlen_tflops / seqlen_wins and plots.seqlen_curves."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from functools import partial
@@ -146,15 +145,11 @@ def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None 
 # --- reading the record (anywhere) -----------------------------------------------------------------------
 
 def load(gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
-    """The sweep's record of a GPU, or None where it was never recorded (pages then say so)."""
-    path = results.experiment_path(NAME, gpu_slug, root)
-    return json.loads(path.read_text()) if path.exists() else None
+    return experiments.load_if_recorded(NAME, gpu_slug, root)
 
 
 def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
-    return (f"The sequence-length sweep is not recorded for {gpu_slug} yet: record it on that GPU with "
-            f"`python -m flashcore_nb seqlen` (writes "
-            f"{results.experiment_path(NAME, gpu_slug).relative_to(RESULTS_DIR.parent)}).")
+    return experiments.missing_message(NAME, "The sequence-length sweep", "seqlen", gpu_slug)
 
 
 def label(method: str) -> str:
