@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,grid,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,grid,seqlen,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -14,8 +14,10 @@ problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,
 problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
 suspect of a larger error changed each) on the same problems and timed (the results chapter); grid:
 every candidate phase and SDPA backend over the grid of shapes, the tuning table flashcore_nb.attention
-reads, and attention timed through it (chapter "Choosing a kernel"). The
-last eleven write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
+reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as
+curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal
+or not, 16 heads, checked and timed in the same rounds (the results chapter; --shapes for a subset of
+shapes.SEQLEN_SWEEP). The last twelve write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
 needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
@@ -26,7 +28,8 @@ import sys
 
 import pandas as pd
 
-from . import accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize, shapes
+from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize,
+               seqlen, shapes)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -36,7 +39,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
-                                            "drift", "split", "accuracy", "grid", "figures"])
+                                            "drift", "split", "accuracy", "grid", "seqlen", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -69,7 +72,8 @@ def main(argv=None) -> int:
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record, "profile": profile.record,
                  "peaks": peaks.record, "drift": drift.record,
-                 "split": experiments.record_key_split, "grid": grid.record}
+                 "split": experiments.record_key_split, "grid": grid.record,
+                 "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0

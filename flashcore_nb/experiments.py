@@ -75,6 +75,18 @@ def load(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DI
     return json.loads(path.read_text())
 
 
+def load_if_recorded(name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
+    """An experiment's record of a GPU, or None where it was never recorded (pages then say so)."""
+    path = results.experiment_path(name, gpu_slug, root)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def missing_message(name: str, what: str, verb: str, gpu_slug: str = results.DEFAULT_GPU) -> str:
+    """What a page says where `what` (recorded by `python -m flashcore_nb <verb>`) has no record yet."""
+    return (f"{what} is not recorded for {gpu_slug} yet: record it on that GPU with `python -m flashcore_nb {verb}` "
+            f"(writes {results.experiment_path(name, gpu_slug).relative_to(RESULTS_DIR.parent)}).")
+
+
 def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
     return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/experiments/*.json"))]
 

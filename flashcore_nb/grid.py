@@ -14,7 +14,6 @@ On every case of shapes.GRID, in fp16:
 The record keeps the table, so that the dispatcher reads the table its own timings were made with."""
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import asdict
@@ -150,14 +149,11 @@ def record(progress=print) -> Path:
 # --- reading the record (anywhere) -----------------------------------------------------------------------
 
 def load(gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
-    """The grid record of a GPU, or None where it was never recorded (pages then say so)."""
-    path = results.experiment_path(NAME, gpu_slug, root)
-    return json.loads(path.read_text()) if path.exists() else None
+    return experiments.load_if_recorded(NAME, gpu_slug, root)
 
 
 def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
-    return (f"The grid is not recorded for {gpu_slug} yet: record it on that GPU with `python -m flashcore_nb grid` "
-            f"(writes {results.experiment_path(NAME, gpu_slug).relative_to(RESULTS_DIR.parent)}).")
+    return experiments.missing_message(NAME, "The grid", "grid", gpu_slug)
 
 
 def recorded_gpu(record: dict) -> env.GpuInfo:

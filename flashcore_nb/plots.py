@@ -616,3 +616,67 @@ def grid_speed(frame: pd.DataFrame, title: str, worst_target: float | None = Non
     ax.set_title(title, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# --- where each kernel wins: TFLOP/s against the sequence length (seqlen.frame) ------------------------------
+
+CURVE_MARKERS = {"sdpa_default": "o", "sdpa_cudnn": "D", "sdpa_flash": "s", "triton": "v"}
+
+
+def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None):
+    """TFLOP/s against the sequence length (log2 axis), one panel per head dim and mask, one line per method
+    (every phase, cuDNN, FA2 and the Triton peer), its spread over the rounds shaded; a cross marks a phase's point
+    whose check failed. Under each panel a strip names the fastest method at each S (a phase only where its check
+    passed): where its colour changes, a curve crossed another. `one_wave`: the S at which the problem makes one
+    128-row query tile per SM (seqlen.one_wave_seqlen), drawn dotted."""
+    from .seqlen import curve_methods, label
+    from .tables import _fastest, _panels, _seqlen
+    methods = curve_methods(frame)
+    colors = method_colors(methods)
+    panels = list(_panels(frame))
+    head_dims = sorted({d for d, _, _ in panels})
+    fig, axes = plt.subplots(len(head_dims), 2, figsize=(11, 3.6 * len(head_dims) + 1.2), squeeze=False, sharex=True)
+    seqlens = sorted(int(s) for s in frame["seqlen"].unique())
+    for head_dim, causal, part in panels:
+        ax = axes[head_dims.index(head_dim), int(causal)]
+        for method in methods:
+            line = part[part["method"] == method].sort_values("seqlen")
+            if line.empty:
+                continue
+            phase = bool(line["is_phase"].iloc[0])
+            ax.plot(line["seqlen"], line["tflops"], color=colors[method], marker=CURVE_MARKERS.get(method, "o"),
+                    markersize=4, linewidth=2.0 if phase else 1.2, linestyle="-" if phase else "--", label=label(method))
+            ax.fill_between(line["seqlen"], line["tflops_low"], line["tflops_high"], color=colors[method], alpha=0.15,
+                            linewidth=0)
+            wrong = line[line["correct"].map(lambda c: c is False)]
+            ax.scatter(wrong["seqlen"], wrong["tflops"], marker="x", s=60, color="black", zorder=4)
+        strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates: the strip's own band below 0
+        for s, method in _fastest(part, False).items():
+            ax.scatter([s], [0.035], marker="s", s=60, color=colors.get(method, "#7f7f7f"), transform=strip, zorder=4)
+            ax.text(s, 0.07, _short(method), transform=strip, ha="center", fontsize=6)
+        if one_wave is not None:
+            ax.axvline(one_wave, color="#444444", linestyle=":", linewidth=1)
+            ax.text(one_wave, 0.97, " one wave of\n 128-row tiles", transform=strip, fontsize=6, va="top")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seqlens, [_seqlen(s) for s in seqlens])
+        ax.xaxis.set_minor_locator(plt.matplotlib.ticker.NullLocator())
+        top = max(part["tflops_high"].max(), 1.0) * 1.1
+        ax.set_ylim(bottom=-0.14 * top, top=top)
+        ax.axhline(0, color="#bbbbbb", linewidth=0.8)
+        ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= top])
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"D = {head_dim}, {'causal' if causal else 'no mask'}", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length S (log2)")
+    for ax in axes.flat:
+        if not ax.lines:
+            ax.set_visible(False)
+    phases = set(frame.loc[frame["is_phase"], "method"])
+    handles = [Line2D([], [], color=colors[m], marker=CURVE_MARKERS.get(m, "o"), markersize=4,
+                      linestyle="-" if m in phases else "--", label=label(m)) for m in methods]
+    handles.append(Line2D([], [], color="black", marker="x", linestyle="", label="check failed"))
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles))
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    return fig

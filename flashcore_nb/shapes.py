@@ -102,7 +102,24 @@ GRID = [MISSION, MISSION_CAUSAL] + [
     if b * s <= GRID_MAX_TOKENS
 ]
 
-SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION]}
+# Where each kernel wins, as curves (issue 15 §3; seqlen.py, `python -m flashcore_nb seqlen`): the sequence length
+# swept over powers of two, batch x heads fixed. B·H = 16 (B = 1, H = 16, the grid's heads) puts the change of
+# regime inside the sweep: on the H100's 132 SMs, 16 heads make 16 query tiles of 128 rows at S = 128 (an eighth
+# of a wave: too little work to fill the GPU) and one wave at S ≈ 1k, so from 2k on every kernel is limited by
+# its arithmetic, not by idle SMs. It also bounds the cost: the largest case, 1 x 16 x 16384 x 128 without a
+# mask, is 2.2 TFLOP, 3-9 ms per call for the fast kernels and about 40 ms for p06 (grid and phase records), and
+# the whole sweep (32 cases, 4 phases and 4 baselines each) records in 3-5 minutes, builds included.
+SEQLEN_BATCH, SEQLEN_HEADS = 1, 16
+SEQLEN_SEQLENS = tuple(2 ** n for n in range(7, 15))   # 128 ... 16384
+SEQLEN_HEAD_DIMS = (64, 128)
+SEQLEN_SWEEP = [
+    Case(f"b{SEQLEN_BATCH}h{SEQLEN_HEADS}_s{s}" + ("_d128" if d == 128 else "") + ("_causal" if causal else ""),
+         SEQLEN_BATCH, SEQLEN_HEADS, s, d, causal=causal)
+    for d in SEQLEN_HEAD_DIMS for causal in (False, True) for s in SEQLEN_SEQLENS
+]
+
+SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION],
+          "seqlen": SEQLEN_SWEEP}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

@@ -388,3 +388,104 @@ def dispatch_choices(cases: list[Case], gpu, table) -> pd.DataFrame:
                      "nearest grid case": entry.case if entry else None,
                      "attention runs": choice.phase if choice else None, "why": choice.reason if choice else None})
     return pd.DataFrame(rows)
+
+
+# --- where each kernel wins: the sequence-length sweep (seqlen.frame) -----------------------------------------
+
+def _seqlen(s: int) -> str:
+    """16384 -> '16k', 512 -> '512'."""
+    return f"{s // 1024}k" if s >= 1024 and s % 1024 == 0 else str(s)
+
+
+def _spans(seqlens: list[int], chosen) -> str:
+    """The chosen sequence lengths as runs of neighbours in the sweep: '128–1k, 16k'; '—' for none."""
+    chosen, spans, run = set(chosen), [], []
+    for s in seqlens:
+        if s in chosen:
+            run.append(s)
+        elif run:
+            spans.append(run)
+            run = []
+    spans += [run] if run else []
+    return ", ".join(_seqlen(r[0]) if len(r) == 1 else f"{_seqlen(r[0])}–{_seqlen(r[-1])}" for r in spans) or "—"
+
+
+def _leaders(seqlens: list[int], leader: dict) -> str:
+    """Who leads where, in order of S: 'p10 128–512, p08 1k–16k' (leader: S -> method)."""
+    parts = []
+    for s in seqlens:
+        name = leader.get(s)
+        if parts and parts[-1][0] == name:
+            parts[-1][1].append(s)
+        else:
+            parts.append((name, [s]))
+    from .seqlen import label
+    return ", ".join(f"{label(name) if name else 'none'} {_spans(run, run)}" for name, run in parts)
+
+
+def _panels(frame: pd.DataFrame):
+    for head_dim in sorted(frame["head_dim"].unique()):
+        for causal in (False, True):
+            part = frame[(frame["head_dim"] == head_dim) & (frame["causal"] == causal)]
+            if len(part):
+                yield int(head_dim), causal, part
+
+
+def _fastest(part: pd.DataFrame, phases_only: bool) -> dict:
+    """S -> the method of most TFLOP/s there (a phase only where its check passed; SDPA default left out where
+    cuDNN is timed: it runs one of the backends, on the H100 that one)."""
+    usable = part[part["correct"].map(lambda c: c is not False)]
+    if (usable["method"] == "sdpa_cudnn").any():
+        usable = usable[usable["method"] != "sdpa_default"]
+    if phases_only:
+        usable = usable[usable["is_phase"]]
+    return {int(s): rows.loc[rows["tflops"].idxmax(), "method"] for s, rows in usable.groupby("seqlen")}
+
+
+def seqlen_tflops(frame: pd.DataFrame) -> pd.DataFrame:
+    """TFLOP/s of every method at every case of the sweep (rows: head dim, mask, S; phases first, then the
+    baselines), with the fastest phase and its speed over the reference (cuDNN; paired over the rounds), and the
+    fastest method of all. A phase whose check failed is never called fastest."""
+    from .seqlen import label
+    methods = list(dict.fromkeys([*frame.loc[frame["is_phase"], "method"], *frame.loc[~frame["is_phase"], "method"]]))
+    rows = []
+    for head_dim, causal, part in _panels(frame):
+        best_phase, best = _fastest(part, True), _fastest(part, False)
+        for s, at in part.groupby("seqlen"):
+            by_method = at.set_index("method")
+            row = {"D": head_dim, "mask": "causal" if causal else "none", "S": int(s)}
+            row.update({label(m): by_method["tflops"].get(m, float("nan")) for m in methods})
+            phase = best_phase.get(int(s))
+            row["fastest phase"] = phase or "—"
+            row[f"its speed / {label(at['reference'].iloc[0])}"] = (by_method.loc[phase, "speed_vs_reference"]
+                                                                   if phase else float("nan"))
+            row["fastest of all"] = label(best[int(s)]) if int(s) in best else "—"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seqlen_wins(frame: pd.DataFrame, share: float = 1.0, saturation: float | None = None) -> pd.DataFrame:
+    """Where each kernel wins, one row per head dim and mask: from which S the reference (cuDNN) reaches
+    `saturation` of its best TFLOP/s in the sweep (below it the problem is too small to fill the GPU), the fastest
+    phase and the fastest method as runs of S, and for each phase the S where it reaches `share` of the reference's
+    speed (paired over the rounds; 1.0: at least as fast) with its check passed."""
+    from .seqlen import SATURATION, label
+    saturation = SATURATION if saturation is None else saturation
+    phases = list(dict.fromkeys(frame.loc[frame["is_phase"], "method"]))
+    rows = []
+    for head_dim, causal, part in _panels(frame):
+        seqlens = sorted(int(s) for s in part["seqlen"].unique())
+        reference = part["reference"].iloc[0]
+        ref = part[part["method"] == reference].set_index("seqlen")["tflops"]
+        filled = [int(s) for s, value in ref.items() if value >= saturation * ref.max()]
+        row = {"D": head_dim, "mask": "causal" if causal else "none",
+               f"{label(reference)} ≥ {saturation:.0%} of its best from S": _seqlen(min(filled)) if filled else "—",
+               "fastest phase": _leaders(seqlens, _fastest(part, True)),
+               "fastest of all": _leaders(seqlens, _fastest(part, False))}
+        for phase in phases:
+            mine = part[(part["method"] == phase) & part["correct"].map(lambda c: c is True)]
+            column = f"{phase} ≥ {share:.0%} of {label(reference)} at S"
+            row[column] = _spans(seqlens, mine.loc[mine["speed_vs_reference"] >= share, "seqlen"].astype(int)) \
+                if (part["method"] == phase).any() else "does not run"
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -31,7 +31,8 @@ def test_gpu_commands_refuse_clearly_without_a_gpu():
 def test_help_lists_every_verb():
     proc = run("--help")
     assert proc.returncode == 0
-    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "profile", "peaks", "drift", "accuracy", "figures"):
+    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "profile", "peaks", "drift", "accuracy", "grid",
+                 "seqlen", "figures"):
         assert verb in proc.stdout, verb
 
 
@@ -42,6 +43,11 @@ def test_peaks_needs_a_gpu():
 
 def test_accuracy_needs_a_gpu():
     proc = run("accuracy", "--phase", "p07_registers")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_seqlen_needs_a_gpu():
+    proc = run("seqlen")
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 

@@ -430,3 +430,31 @@ def test_the_grid_steps_on_one_case(cuda, monkeypatch):
     assert {"attention", "sdpa_default"} <= set(row["dispatch"])
     frame = grid.frame({"candidates": names, "rows": [row]})
     assert frame.loc[0, "speed_vs_sdpa_default"] > 0 and frame.loc[0, "attention_call_us"] > 0
+
+
+
+def test_the_seqlen_sweep_steps_on_one_case(cuda, monkeypatch, tmp_path):
+    """What `python -m flashcore_nb seqlen` does, on the sweep's smallest case with one round: every phase swept
+    that runs here checked and timed beside the baselines, the record written with its builds, and its frame,
+    tables and figure."""
+    import matplotlib.pyplot as plt
+
+    from flashcore_nb import experiments, plots, results, seqlen, shapes, tables
+    monkeypatch.setattr(seqlen, "ROUNDS", 1)
+    case, gpu, lines = shapes.SEQLEN_SWEEP[0], env.gpu(), []
+    path = seqlen.record(progress=lines.append, cases=[case], root=tmp_path)
+    assert path == results.experiment_path(seqlen.NAME, env.gpu_slug(gpu.name), tmp_path)
+    assert any(case.name in line for line in lines)
+    record = seqlen.load(env.gpu_slug(gpu.name), root=tmp_path)
+    assert record["complete"]
+    ran = [name for name in seqlen.phases_swept() if seqlen.skip_reason(name, case, gpu) is None]
+    assert ran and record["phases"] == [n for n in seqlen.phases_swept() if flashcore_nb.PHASES[n].runs_on(gpu.cc)]
+    row = record["rows"][0]
+    assert set(row["checks"]) == set(ran) and all(c["passed"] for c in row["checks"].values())
+    assert set(ran) | {"sdpa_default", "sdpa_flash"} <= set(row["timings"])
+    assert all(len(t["gpu_us_rounds"]) == 1 and t["tflops"] > 0 for t in row["timings"].values())
+    assert experiments.stale_builds(record) == []
+    frame = seqlen.frame(record)
+    assert len(tables.seqlen_wins(frame)) == 1 and len(tables.seqlen_tflops(frame)) == 1
+    plots.seqlen_curves(frame, "one case", one_wave=seqlen.one_wave_seqlen(record))
+    plt.close("all")
