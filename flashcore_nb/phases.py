@@ -202,6 +202,22 @@ def _p08_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
             Buffer("V tiles (x 2)", 2 * n, head_dim, 2), Buffer("alignment slack", 1, 1024, 1)]
 
 
+def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
+    """p09's (consumer warpgroups, BLOCK_N, stages of the K/V ring) for a head dim: D = 128 has its own defines."""
+    suffix = "_D128" if head_dim == 128 else ""
+    return params[f"CONSUMERS{suffix}"], params[f"BLOCK_N{suffix}"], params[f"STAGES{suffix}"]
+
+
+def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    consumers, n, stages = p09_tiles(head_dim, params)
+    # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
+    # them (128B-swizzled, not padded), then the ring's mbarriers (Q full; K full, V full and empty per
+    # stage). The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
+    return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
+            Buffer(f"V ring (x {stages})", stages * n, head_dim, 2), Buffer("mbarriers", 1 + 3 * stages, 8, 1),
+            Buffer("alignment slack", 1, 1024, 1)]
+
+
 def p10_block_m(head_dim: int, params: dict) -> int:
     """p10's query rows per CTA (16 per warp) for a head dim."""
     return params["BLOCK_M_D128"] if head_dim == 128 else params["BLOCK_M"]
@@ -462,6 +478,40 @@ _REGISTRY = [
             variant("row maxima 2^8 lazy (the first default)", {"RESCALE_SLACK": 8}, "ablation", "accuracy"),
             variant("row sums of the rounded P", {"SUM_ROUNDED_P": 1}, "accuracy"),
             variant("exp in double precision, not ex2.approx", {"EXACT_EXP": 1}, "accuracy"),
+        ),
+    ),
+    Phase(
+        name="p09_warpspec",
+        title="Phase 9: TMA, warp specialisation and ping-pong: Hopper's producer/consumer kernel",
+        notebook="09_warpspec",
+        kernel_name="attention_warpspec_kernel",
+        archs=(90,),
+        min_cc=90,
+        arch_specific=True,       # wgmma.mma_async and setmaxnreg: sm_90a, Hopper only
+        aligned_16b=True,         # TMA: 16-byte aligned bases and strides
+        # Sized from the budget (not yet measured): D = 64 keeps three stages of 128-key tiles (112 KB),
+        # D = 128 two (160 KB); two consumer warpgroups, so that ping-pong has a partner.
+        tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
+                     "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 2,
+                     "OVERLAP": 1, "PINGPONG": 1},
+        threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
+        smem_layout=_p09_layout,
+        variants=(
+            # Chapter 9's ablation: each step of the schedule taken back, and the ring and tiles resized.
+            variant("defaults", {}, "ablation"),
+            variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
+            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0}, "ablation", "test", "sanitize"),
+            variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
+            variant("3 stages (D=128)", {"STAGES_D128": 3}, "ablation"),
+            variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
+            # three consumers get 160 registers each: 128-key tiles spill at D = 64, 64-key tiles do not
+            variant("three consumers, 64-key tiles (D=64)", {"CONSUMERS": 3, "PINGPONG": 0, "BLOCK_N": 64}, "ablation"),
+            # the other shapes of the ring and the CTA
+            variant("192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
+                    {"BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize"),
+            # (three at D = 128 spill: 160 registers do not hold Q, O and S there)
+            variant("three consumers, 64-key tiles, no overlap (D=64)",
+                    {"CONSUMERS": 3, "PINGPONG": 0, "OVERLAP": 0, "BLOCK_N": 64}, "test"),
         ),
     ),
     Phase(

@@ -99,12 +99,6 @@ struct Tiles {
                 "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys");
 };
 
-// Byte offset of element (row, col) in a tile of `rows` rows, stored as 64-column blocks of 128-byte
-// rows whose 16-byte chunks are XOR-swizzled by (row % 8): the layout of the 128B swizzle mode.
-__device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) {
-  return (col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
-}
-
 // Copies rows [first, first + kRows) of one head into a swizzled tile; rows at or past `end` are zeros.
 template <typename T, int kHeadDim, int kRows, int kThreads>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const T* base, const int64_t* strides, int batch,

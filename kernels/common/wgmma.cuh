@@ -26,6 +26,13 @@ __device__ __forceinline__ uint64_t smem_descriptor_128b(uint32_t address, uint3
          static_cast<uint64_t>(1024 >> 4) << 32 | 1ull << 62;
 }
 
+// Byte offset of element (row, col) of a 16-bit tile of `rows` rows in that layout: 64-column blocks
+// of 128-byte rows, each block `rows` x 128 bytes, the 16-byte chunks of row r XORed by (r % 8). It is
+// also what TMA's 128B swizzle mode writes (common/tma.cuh), one box per 64 columns.
+__device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) {
+  return (col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
 // Orders this warpgroup's earlier register writes before the wgmma that follows (required whenever
 // the accumulators or the A fragments were written by ordinary instructions).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

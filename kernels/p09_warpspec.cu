@@ -1,0 +1,460 @@
+// Phase 9 — Hopper's producer/consumer kernel: TMA copies, warp specialisation, ping-pong.
+//
+// What changed vs phase 8, and why. Phase 8 computes with wgmma, but every thread of its CTA also
+// copies (per-thread cp.async address arithmetic in the loop), and both warpgroups meet at one
+// __syncthreads per key tile, so they run in lockstep: both do their softmax at the same time while
+// the tensor cores wait. Here the CTA's warpgroups take roles:
+//   - warpgroup 0 is the producer. One of its threads asks the copy engine (TMA, common/tma.cuh) for
+//     whole tiles, described once on the host by a tensor map: Q once, then K and V tile by tile into
+//     a ring of STAGES buffers. The copy engine writes the 128B-swizzled layout wgmma reads and fills
+//     rows past the end of a head with zeros, so ragged lengths need no per-row code. The producer
+//     keeps only 24 registers (setmaxnreg) and hands the rest to the consumers.
+//   - warpgroups 1..CONSUMERS are consumers: 64 query rows each, phase 8's wgmma + online softmax,
+//     with no copy code at all. They wait on mbarriers (common/mbarrier.cuh) for a buffer to be
+//     full, and tell the producer when they are done with it (the "empty" barrier); no CTA-wide
+//     barrier is left in the loop.
+// Switches, one per step of chapter 9 (each changes the speed, never the result):
+//   OVERLAP=1  each step issues tile t's Q·Kᵀ together with tile t-1's P·V, so a warpgroup's softmax
+//              runs while its own P·V is in flight (FlashAttention-3's intra-warpgroup pipelining);
+//   PINGPONG=1 (needs OVERLAP and 2 consumers) the two consumer warpgroups take turns to issue their
+//              wgmmas through two named barriers, so one's softmax overlaps the other's GEMMs.
+// The softmax is phase 7's: exp2 with log2(e) folded into the scale, O rescaled only when a row's
+// (exact) maximum moves, masks only on the tiles that need them, tiles right of the diagonal never
+// loaded, the longest causal rows first.
+//
+// Tile parameters: CONSUMERS, BLOCK_N and STAGES for D = 64; CONSUMERS_D128, BLOCK_N_D128 and
+// STAGES_D128 for D = 128. A CTA holds CONSUMERS x 64 query rows.
+//
+// Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
+// and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
+#include <cmath>
+
+#include "common/dispatch.cuh"
+#include "common/launch.cuh"
+#include "common/mbarrier.cuh"
+#include "common/mma.cuh"
+#include "common/numeric.cuh"
+#include "common/params.cuh"
+#include "common/shared_memory.cuh"
+#include "common/tma.cuh"
+#include "common/warp_reduce.cuh"
+#include "common/warp_specialize.cuh"
+#include "common/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "p09_warpspec needs wgmma and setmaxnreg: compile it for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
+#endif
+
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef CONSUMERS_D128
+#define CONSUMERS_D128 2
+#endif
+#ifndef BLOCK_N_D128
+#define BLOCK_N_D128 128
+#endif
+#ifndef STAGES_D128
+#define STAGES_D128 2
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1
+#endif
+#ifndef PINGPONG
+#define PINGPONG 1
+#endif
+
+template <int kHeadDim>
+struct Tiles {
+  static constexpr int kConsumers = kHeadDim == 128 ? CONSUMERS_D128 : CONSUMERS;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
+  static constexpr int kStages = kHeadDim == 128 ? STAGES_D128 : STAGES;
+  static constexpr bool kPingPong = PINGPONG && kConsumers == 2;
+  // Registers per thread: every thread starts with 65536 / kThreads (rounded down to a multiple of 8,
+  // ptxas's cap under __launch_bounds__(kThreads, 1)); the producer gives all but 24 back and the
+  // consumers share what it freed.
+  static constexpr int kStartRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      (kStartRegisters + (kStartRegisters - kProducerRegisters) / kConsumers) / 8 * 8 > 240
+          ? 240
+          : (kStartRegisters + (kStartRegisters - kProducerRegisters) / kConsumers) / 8 * 8;
+  // Shared memory: Q, then the K ring, then the V ring, each tile [kHeadDim / 64][rows][64] with
+  // 128-byte rows (TMA writes one box per 64 columns); the mbarriers after them.
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + 1024;   // + room to align
+
+  static_assert(kConsumers == 2 || kConsumers == 3,
+                "CONSUMERS(_D128) must be 2 or 3 (64 query rows each; the register split assumes 3 or 4 warpgroups)");
+  static_assert(kBlockN % 64 == 0 && kBlockN >= 64 && kBlockN <= 256,
+                "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys, a TMA box at most 256 rows");
+  static_assert(kStages >= 2, "STAGES: the producer fills one buffer while the consumers read another");
+  static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
+};
+
+// The barriers of the copy ring, after the tiles in shared memory.
+template <int kStages>
+struct Barriers {
+  uint64_t q_full;             // Q has landed
+  uint64_t k_full[kStages];    // K tile in buffer s has landed
+  uint64_t v_full[kStages];    // V tile in buffer s has landed
+  uint64_t empty[kStages];     // every consumer warp is done with buffer s (K and V)
+};
+
+// The tensor maps of one call: (B, H, S, D) as TMA counts it, {D, S, H, B}, boxes of 64 columns.
+struct TensorMaps {
+  CUtensorMap q, k, v;
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
+    attention_warpspec_kernel(const FlashParams params, const __grid_constant__ TensorMaps maps) {
+  using Cfg = Tiles<kHeadDim>;
+  constexpr int kKSteps = kHeadDim / 16;        // k16 slices of Q·Kᵀ
+  constexpr int kKeyBlocks = Cfg::kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
+  constexpr int kPSteps = Cfg::kBlockN / 16;     // k16 slices of P·V
+  constexpr int kDBlocks = kHeadDim / 64;        // 64-column wgmmas per slice of P·V
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* const q_tile = smem;
+  unsigned char* const k_tiles = smem + Cfg::kQBytes;
+  unsigned char* const v_tiles = k_tiles + kStages * Cfg::kKvBytes;
+  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(v_tiles + kStages * Cfg::kKvBytes);
+
+  // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
+  // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int m_tiles = (params.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x);   // causal: the longest rows start first
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int first_row = m_tile * Cfg::kBlockM;
+  const int key_end = params.causal ? min(params.seqlen_k, first_row + Cfg::kBlockM) : params.seqlen_k;
+  const int key_tiles = (key_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars.q_full, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bars.k_full[s], 1);
+      mbarrier_init(&bars.v_full[s], 1);
+      mbarrier_init(&bars.empty[s], kConsumerWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {   // the producer
+    setmaxnreg_dec<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < kDBlocks; ++c)
+        tma_load<4>(q_tile + c * Cfg::kBlockM * 128, &maps.q, &bars.q_full, {c * 64, first_row, head, batch});
+      for (int tile = 0; tile < key_tiles; ++tile) {
+        const int s = tile % kStages;
+        // The buffer's previous tile (tile - kStages) must have been released by every consumer warp.
+        if (tile >= kStages) mbarrier_wait(&bars.empty[s], (tile / kStages - 1) & 1);
+        mbarrier_arrive_expect_tx(&bars.k_full[s], Cfg::kKvBytes);
+#pragma unroll
+        for (int c = 0; c < kDBlocks; ++c)
+          tma_load<4>(k_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.k, &bars.k_full[s],
+                      {c * 64, tile * Cfg::kBlockN, head, batch});
+        mbarrier_arrive_expect_tx(&bars.v_full[s], Cfg::kKvBytes);
+#pragma unroll
+        for (int c = 0; c < kDBlocks; ++c)
+          tma_load<4>(v_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.v, &bars.v_full[s],
+                      {c * 64, tile * Cfg::kBlockN, head, batch});
+      }
+    }
+    return;   // the consumers wait for every copy it issued, so the CTA outlives them
+  }
+
+  // --- the consumers -------------------------------------------------------------------------------
+  setmaxnreg_inc<Cfg::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int group_row = first_row + consumer * 64;                 // this warpgroup's first query row
+  const int warp_row = group_row + warp * 16 + g;                  // this lane's rows: warp_row and + 8
+  // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
+  const int my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
+  const auto parity = [](int tile) { return static_cast<uint32_t>(tile / kStages) & 1; };
+  // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
+  // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
+  // the release counts toward that tile's use of the buffer and not an earlier one's.
+  const auto release = [&](int tile) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&bars.empty[tile % kStages]);
+  };
+  const auto skip = [&](int tile) {
+    mbarrier_wait(&bars.k_full[tile % kStages], parity(tile));
+    mbarrier_wait(&bars.v_full[tile % kStages], parity(tile));
+    release(tile);
+  };
+
+  mbarrier_wait(&bars.q_full, 0);
+  // Q stays in registers as A fragments: warp w of the warpgroup holds its 16 rows.
+  uint32_t q_frag[kKSteps][4];
+  {
+    const int row = consumer * 64 + warp * 16 + lane % 16;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+      ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
+  }
+
+  const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
+  float o_acc[kDBlocks][32];
+#pragma unroll
+  for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};   // rows g and g + 8; sum: this lane's part
+  float s[kKeyBlocks][32];          // S of the newest tile
+  uint32_t p_frag[kPSteps][4];      // P of the tile waiting for its P·V
+
+  // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
+  auto issue_scores = [&](int tile) {
+    const uint32_t k_base = smem_address(k_tiles + tile % kStages * Cfg::kKvBytes);
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j) {
+        const uint32_t address = k_base + (kk / 4) * Cfg::kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
+        wgmma_m64n64k16<T, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+      }
+    wgmma_commit();
+  };
+  // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
+  auto issue_values = [&](int tile) {
+    const uint32_t v_base = smem_address(v_tiles + tile % kStages * Cfg::kKvBytes);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j) {
+        const uint32_t address = v_base + j * Cfg::kBlockN * 128 + kk * 16 * 128;
+        wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, Cfg::kBlockN * 128), 1);
+      }
+    wgmma_commit();
+  };
+  auto scores_landed = [&]() {
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+  };
+  auto output_landed = [&]() {
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+  };
+  // Online softmax of the tile in s: masks, the new row maxima, P = exp2(S · scale - max) in place.
+  // Returns the factor O must be multiplied by (per row), once O's running P·V is done.
+  auto softmax = [&](int tile, float (&correction)[2]) {
+    const int first_key = tile * Cfg::kBlockN;
+    if (first_key + Cfg::kBlockN > params.seqlen_k || (params.causal && first_key + Cfg::kBlockN - 1 > group_row)) {
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int key = first_key + j * 64 + i / 4 * 8 + 2 * t + i % 2;
+          if (key >= params.seqlen_k || (params.causal && key > warp_row + i % 4 / 2 * 8)) s[j][i] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {   // rows g (h = 0) and g + 8 (h = 1): a row's values are in one quad
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) tile_max = fmaxf(tile_max, fmaxf(s[j][4 * c + 2 * h], s[j][4 * c + 2 * h + 1]));
+      tile_max = quad_max(tile_max) * score_scale;
+      const float old_max = row_max[h];
+      const float new_max = fmaxf(tile_max, old_max);
+      const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
+      correction[h] = fast_exp2(old_max - base);
+      row_max[h] = new_max;
+      row_sum[h] *= correction[h];
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[j][4 * c + 2 * h + e];
+            x = fast_exp2(x * score_scale - base);
+            row_sum[h] += x;
+          }
+    }
+  };
+  auto rescale_output = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (correction[h] == 1.f) continue;   // the usual case once the maxima settle
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          o_acc[j][4 * c + 2 * h] *= correction[h];
+          o_acc[j][4 * c + 2 * h + 1] *= correction[h];
+        }
+    }
+  };
+  // P in A-fragment order: k16 slice kk is 8-key chunks 2kk and 2kk + 1 of the S accumulators.
+  auto pack_probabilities = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const float* lo = &s[kk / 4][(kk % 4) * 8];
+      p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
+      p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
+      p_frag[kk][2] = pack2<T>(lo[4], lo[5]);
+      p_frag[kk][3] = pack2<T>(lo[6], lo[7]);
+    }
+  };
+
+  if constexpr (OVERLAP) {
+    // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
+    // softmax of tile `step` while that P·V runs. Ping-pong: named barrier 1 + c is consumer c's turn
+    // to issue; each hands the turn to the other after issuing, and consumer 1 gives consumer 0 the
+    // first turn. Both take all key_tiles + 1 steps (issuing nothing in those past their own tiles),
+    // so every turn handed over is taken, except the one consumer 1 would hand over at the end.
+    // Each branch waits for every wgmma it issues: ptxas then knows that none is in flight where the
+    // branches meet, and does not serialise them.
+    constexpr uint32_t kTurnThreads = 256;
+    const auto take_turn = [&]() {
+      if (Cfg::kPingPong) named_barrier_sync(1 + consumer, kTurnThreads);
+    };
+    const auto hand_over_turn = [&](int step) {
+      if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) named_barrier_arrive(2 - consumer, kTurnThreads);
+    };
+    if (Cfg::kPingPong && consumer == 1) named_barrier_arrive(1, kTurnThreads);
+    for (int step = 0; step <= key_tiles; ++step) {
+      take_turn();
+      if (step == 0) {   // the first tile: its scores alone (my_tiles >= 1 for every warpgroup)
+        mbarrier_wait(&bars.k_full[0], 0);
+        issue_scores(0);
+        hand_over_turn(step);
+        wgmma_wait<0>();
+        scores_landed();
+        float correction[2];
+        softmax(0, correction);   // O is still zero: no rescale
+        pack_probabilities();
+      } else if (step < my_tiles) {
+        mbarrier_wait(&bars.k_full[step % kStages], parity(step));
+        issue_scores(step);
+        mbarrier_wait(&bars.v_full[(step - 1) % kStages], parity(step - 1));
+        issue_values(step - 1);
+        hand_over_turn(step);
+        wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
+        scores_landed();
+        float correction[2];
+        softmax(step, correction);
+        wgmma_wait<0>();
+        output_landed();
+        release(step - 1);
+        rescale_output(correction);   // O now holds P·V up to tile step - 1
+        pack_probabilities();
+      } else if (step == my_tiles) {   // the last P·V
+        mbarrier_wait(&bars.v_full[(step - 1) % kStages], parity(step - 1));
+        issue_values(step - 1);
+        hand_over_turn(step);
+        wgmma_wait<0>();
+        output_landed();
+        release(step - 1);
+      } else {   // causal: a tile right of this warpgroup's diagonal
+        hand_over_turn(step);
+        skip(step - 1);
+      }
+    }
+  } else {
+    for (int tile = 0; tile < key_tiles; ++tile) {
+      if (tile >= my_tiles) {
+        skip(tile);
+        continue;
+      }
+      mbarrier_wait(&bars.k_full[tile % kStages], parity(tile));
+      issue_scores(tile);
+      wgmma_wait<0>();
+      scores_landed();
+      float correction[2];
+      softmax(tile, correction);
+      rescale_output(correction);
+      pack_probabilities();
+      mbarrier_wait(&bars.v_full[tile % kStages], parity(tile));
+      issue_values(tile);
+      wgmma_wait<0>();
+      output_landed();
+      release(tile);
+    }
+  }
+
+  // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
+    const int row = warp_row + h * 8;
+    if (row >= params.seqlen_q) continue;
+    T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
+            pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
+  }
+}
+
+// A tensor map over one of q, k, v: boxes of 64 columns x `rows` rows of one head, 128B-swizzled;
+// rows past the end of a head are zero-filled by the copy engine.
+static cudaError_t make_map(CUtensorMap* map, const FlashParams& p, const void* base, const int64_t* strides,
+                            int seqlen, int rows) {
+  constexpr uint64_t kElement = 2;
+  return make_tensor_map<4>(map, static_cast<FlashDtype>(p.dtype), base,
+                            {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(seqlen),
+                             static_cast<uint64_t>(p.heads), static_cast<uint64_t>(p.batch)},
+                            {strides[2] * kElement, strides[1] * kElement, strides[0] * kElement},
+                            {64, static_cast<uint32_t>(rows), 1, 1}, true);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
+  using Cfg = Tiles<kHeadDim>;
+  constexpr auto kKernel = attention_warpspec_kernel<T, kHeadDim>;
+  TensorMaps maps;
+  cudaError_t err = make_map(&maps.q, p, p.q, p.q_strides, p.seqlen_q, Cfg::kBlockM);
+  if (err == cudaSuccess) err = make_map(&maps.k, p, p.k, p.k_strides, p.seqlen_k, Cfg::kBlockN);
+  if (err == cudaSuccess) err = make_map(&maps.v, p, p.v, p.v_strides, p.seqlen_k, Cfg::kBlockN);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
+  if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
+  int device = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess || (err = allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes)) != cudaSuccess)
+    return err;
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
+  return params->head_dim == 128 ? Tiles<128>::kSmemBytes : Tiles<64>::kSmemBytes;
+}
+
+extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
+  return dispatch_dtype_head_dim(*params, [&](auto element, auto head_dim) {
+    return launch<decltype(element), decltype(head_dim)::value>(stream, *params);
+  });
+}
