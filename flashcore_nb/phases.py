@@ -211,10 +211,10 @@ def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
 def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
-    # them (128B-swizzled, not padded), then the ring's mbarriers (Q full; K full, V full and empty per
-    # stage). The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
+    # them (128B-swizzled, not padded), then the mbarriers (Q full and empty; K full, V full and empty
+    # per stage). The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
-            Buffer(f"V ring (x {stages})", stages * n, head_dim, 2), Buffer("mbarriers", 1 + 3 * stages, 8, 1),
+            Buffer(f"V ring (x {stages})", stages * n, head_dim, 2), Buffer("mbarriers", 2 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
 
 
@@ -493,7 +493,7 @@ _REGISTRY = [
         # D = 128 two (160 KB); two consumer warpgroups, so that ping-pong has a partner.
         tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 2,
-                     "OVERLAP": 1, "PINGPONG": 1},
+                     "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         variants=(
@@ -501,11 +501,18 @@ _REGISTRY = [
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0}, "ablation", "test", "sanitize"),
+            variant("one CTA per work item", {"PERSISTENT": 0}, "ablation", "test"),
             variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
             variant("3 stages (D=128)", {"STAGES_D128": 3}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
             # three consumers get 160 registers each: 128-key tiles spill at D = 64, 64-key tiles do not
             variant("three consumers, 64-key tiles (D=64)", {"CONSUMERS": 3, "PINGPONG": 0, "BLOCK_N": 64}, "ablation"),
+            # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
+            # buffer carry over from one item to the next, under every schedule.
+            variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
+            variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
+            variant("2 persistent CTAs, no overlap, 2 stages", {"PERSISTENT_CTAS": 2, "OVERLAP": 0, "PINGPONG": 0,
+                                                                "STAGES": 2}, "test", "sanitize"),
             # the other shapes of the ring and the CTA
             variant("192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
                     {"BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize"),

@@ -17,7 +17,10 @@
 //   OVERLAP=1  each step issues tile t's Q·Kᵀ together with tile t-1's P·V, so a warpgroup's softmax
 //              runs while its own P·V is in flight (FlashAttention-3's intra-warpgroup pipelining);
 //   PINGPONG=1 (needs OVERLAP and 2 consumers) the two consumer warpgroups take turns to issue their
-//              wgmmas through two named barriers, so one's softmax overlaps the other's GEMMs.
+//              wgmmas through two named barriers, so one's softmax overlaps the other's GEMMs;
+//   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
+//              first), so the producer loads the next item's Q and K while the consumers finish
+//              this one, and no SM waits for a new CTA to start.
 // The softmax is phase 7's: exp2 with log2(e) folded into the scale, O rescaled only when a row's
 // (exact) maximum moves, masks only on the tiles that need them, tiles right of the diagonal never
 // loaded, the longest causal rows first.
@@ -27,6 +30,7 @@
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
+#include <algorithm>
 #include <cmath>
 
 #include "common/dispatch.cuh"
@@ -69,6 +73,13 @@
 #ifndef PINGPONG
 #define PINGPONG 1
 #endif
+#ifndef PERSISTENT
+#define PERSISTENT 1
+#endif
+// Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
+#ifndef PERSISTENT_CTAS
+#define PERSISTENT_CTAS -1
+#endif
 
 template <int kHeadDim>
 struct Tiles {
@@ -91,7 +102,7 @@ struct Tiles {
   // 128-byte rows (TMA writes one box per 64 columns); the mbarriers after them.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + 1024;   // + room to align
 
   static_assert(kConsumers == 2 || kConsumers == 3,
@@ -106,6 +117,7 @@ struct Tiles {
 template <int kStages>
 struct Barriers {
   uint64_t q_full;             // Q has landed
+  uint64_t q_empty;            // every consumer warp has its rows of Q in registers
   uint64_t k_full[kStages];    // K tile in buffer s has landed
   uint64_t v_full[kStages];    // V tile in buffer s has landed
   uint64_t empty[kStages];     // every consumer warp is done with buffer s (K and V)
@@ -115,6 +127,24 @@ struct Barriers {
 struct TensorMaps {
   CUtensorMap q, k, v;
 };
+
+// One work item: a query tile of one head, and the key tiles its rows see.
+struct WorkItem {
+  int head, batch, first_row, key_tiles;
+};
+
+// Work item `index` of `m_tiles` query tiles per head. Causal: the last query tile of every head
+// first (the longest rows), then the tiles before them, so the shortest work fills the end of the
+// schedule; otherwise a head's query tiles are neighbours in time and share its K and V in L2.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ WorkItem work_item(int index, int m_tiles, const FlashParams& params) {
+  const int heads = params.heads * params.batch;
+  const int m_tile = params.causal ? m_tiles - 1 - index / heads : index % m_tiles;
+  const int head = params.causal ? index % heads : index / m_tiles;
+  const int first_row = m_tile * kBlockM;
+  const int key_end = params.causal ? min(params.seqlen_k, first_row + kBlockM) : params.seqlen_k;
+  return {head % params.heads, head / params.heads, first_row, (key_end + kBlockN - 1) / kBlockN};
+}
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
@@ -138,14 +168,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int m_tiles = (params.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x);   // causal: the longest rows start first
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int first_row = m_tile * Cfg::kBlockM;
-  const int key_end = params.causal ? min(params.seqlen_k, first_row + Cfg::kBlockM) : params.seqlen_k;
-  const int key_tiles = (key_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int work_items = m_tiles * params.heads * params.batch;
+  // The K/V ring is one sequence across this CTA's work items: the key tile `tile` of an item is the
+  // ring's entry `ring_base + tile`, in buffer (entry % kStages), filled for the (entry / kStages)th time.
+  const auto buffer = [](int entry) { return entry % kStages; };
+  const auto parity = [](int entry) { return static_cast<uint32_t>(entry / kStages) & 1; };
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars.q_full, 1);
+    mbarrier_init(&bars.q_empty, kConsumerWarps);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&bars.k_full[s], 1);
@@ -159,24 +190,31 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   if (warpgroup == 0) {   // the producer
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < kDBlocks; ++c)
-        tma_load<4>(q_tile + c * Cfg::kBlockM * 128, &maps.q, &bars.q_full, {c * 64, first_row, head, batch});
-      for (int tile = 0; tile < key_tiles; ++tile) {
-        const int s = tile % kStages;
-        // The buffer's previous tile (tile - kStages) must have been released by every consumer warp.
-        if (tile >= kStages) mbarrier_wait(&bars.empty[s], (tile / kStages - 1) & 1);
-        mbarrier_arrive_expect_tx(&bars.k_full[s], Cfg::kKvBytes);
+      int ring_base = 0, items_done = 0;
+      for (int index = blockIdx.x; index < work_items; index += gridDim.x, ++items_done) {
+        const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
+        // Q's buffer is free once every consumer warp has its rows of the previous Q in registers.
+        if (items_done > 0) mbarrier_wait(&bars.q_empty, (items_done - 1) & 1);
+        mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kDBlocks; ++c)
-          tma_load<4>(k_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.k, &bars.k_full[s],
-                      {c * 64, tile * Cfg::kBlockN, head, batch});
-        mbarrier_arrive_expect_tx(&bars.v_full[s], Cfg::kKvBytes);
+          tma_load<4>(q_tile + c * Cfg::kBlockM * 128, &maps.q, &bars.q_full, {c * 64, item.first_row, item.head, item.batch});
+        for (int tile = 0; tile < item.key_tiles; ++tile) {
+          const int entry = ring_base + tile, s = buffer(entry);
+          // The buffer's previous entry must have been released by every consumer warp.
+          if (entry >= kStages) mbarrier_wait(&bars.empty[s], parity(entry) ^ 1);
+          mbarrier_arrive_expect_tx(&bars.k_full[s], Cfg::kKvBytes);
 #pragma unroll
-        for (int c = 0; c < kDBlocks; ++c)
-          tma_load<4>(v_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.v, &bars.v_full[s],
-                      {c * 64, tile * Cfg::kBlockN, head, batch});
+          for (int c = 0; c < kDBlocks; ++c)
+            tma_load<4>(k_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.k, &bars.k_full[s],
+                        {c * 64, tile * Cfg::kBlockN, item.head, item.batch});
+          mbarrier_arrive_expect_tx(&bars.v_full[s], Cfg::kKvBytes);
+#pragma unroll
+          for (int c = 0; c < kDBlocks; ++c)
+            tma_load<4>(v_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.v, &bars.v_full[s],
+                        {c * 64, tile * Cfg::kBlockN, item.head, item.batch});
+        }
+        ring_base += item.key_tiles;
       }
     }
     return;   // the consumers wait for every copy it issued, so the CTA outlives them
@@ -187,47 +225,37 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int consumer = warpgroup - 1;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int group_row = first_row + consumer * 64;                 // this warpgroup's first query row
-  const int warp_row = group_row + warp * 16 + g;                  // this lane's rows: warp_row and + 8
-  // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
-  const int my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
-  const auto parity = [](int tile) { return static_cast<uint32_t>(tile / kStages) & 1; };
-  // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
-  // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
-  // the release counts toward that tile's use of the buffer and not an earlier one's.
-  const auto release = [&](int tile) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&bars.empty[tile % kStages]);
-  };
-  const auto skip = [&](int tile) {
-    mbarrier_wait(&bars.k_full[tile % kStages], parity(tile));
-    mbarrier_wait(&bars.v_full[tile % kStages], parity(tile));
-    release(tile);
-  };
-
-  mbarrier_wait(&bars.q_full, 0);
-  // Q stays in registers as A fragments: warp w of the warpgroup holds its 16 rows.
-  uint32_t q_frag[kKSteps][4];
-  {
-    const int row = consumer * 64 + warp * 16 + lane % 16;
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
-      ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
-  }
-
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
+
+  // The current work item, as the lambdas below see it.
+  int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0;
+  uint32_t q_frag[kKSteps][4];      // this warp's 16 rows of Q, as A fragments
   float o_acc[kDBlocks][32];
-#pragma unroll
-  for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};   // rows g and g + 8; sum: this lane's part
+  float row_max[2], row_sum[2];     // rows g and g + 8; sum: this lane's part
   float s[kKeyBlocks][32];          // S of the newest tile
   uint32_t p_frag[kPSteps][4];      // P of the tile waiting for its P·V
 
+  // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
+  // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
+  // the release counts toward that entry's use of the buffer and not an earlier one's.
+  const auto release = [&](int tile) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&bars.empty[buffer(ring_base + tile)]);
+  };
+  const auto wait_keys = [&](int tile) {
+    mbarrier_wait(&bars.k_full[buffer(ring_base + tile)], parity(ring_base + tile));
+  };
+  const auto wait_values = [&](int tile) {
+    mbarrier_wait(&bars.v_full[buffer(ring_base + tile)], parity(ring_base + tile));
+  };
+  const auto skip = [&](int tile) {
+    wait_keys(tile);
+    wait_values(tile);
+    release(tile);
+  };
   // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
   auto issue_scores = [&](int tile) {
-    const uint32_t k_base = smem_address(k_tiles + tile % kStages * Cfg::kKvBytes);
+    const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
 #pragma unroll
     for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
     wgmma_fence();
@@ -242,7 +270,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   };
   // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
   auto issue_values = [&](int tile) {
-    const uint32_t v_base = smem_address(v_tiles + tile % kStages * Cfg::kKvBytes);
+    const uint32_t v_base = smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
     wgmma_fence();
@@ -327,95 +355,126 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     }
   };
 
-  if constexpr (OVERLAP) {
-    // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
-    // softmax of tile `step` while that P·V runs. Ping-pong: named barrier 1 + c is consumer c's turn
-    // to issue; each hands the turn to the other after issuing, and consumer 1 gives consumer 0 the
-    // first turn. Both take all key_tiles + 1 steps (issuing nothing in those past their own tiles),
-    // so every turn handed over is taken, except the one consumer 1 would hand over at the end.
-    // Each branch waits for every wgmma it issues: ptxas then knows that none is in flight where the
-    // branches meet, and does not serialise them.
-    constexpr uint32_t kTurnThreads = 256;
-    const auto take_turn = [&]() {
-      if (Cfg::kPingPong) named_barrier_sync(1 + consumer, kTurnThreads);
-    };
-    const auto hand_over_turn = [&](int step) {
-      if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) named_barrier_arrive(2 - consumer, kTurnThreads);
-    };
-    if (Cfg::kPingPong && consumer == 1) named_barrier_arrive(1, kTurnThreads);
-    for (int step = 0; step <= key_tiles; ++step) {
-      take_turn();
-      if (step == 0) {   // the first tile: its scores alone (my_tiles >= 1 for every warpgroup)
-        mbarrier_wait(&bars.k_full[0], 0);
-        issue_scores(0);
-        hand_over_turn(step);
-        wgmma_wait<0>();
-        scores_landed();
-        float correction[2];
-        softmax(0, correction);   // O is still zero: no rescale
-        pack_probabilities();
-      } else if (step < my_tiles) {
-        mbarrier_wait(&bars.k_full[step % kStages], parity(step));
-        issue_scores(step);
-        mbarrier_wait(&bars.v_full[(step - 1) % kStages], parity(step - 1));
-        issue_values(step - 1);
-        hand_over_turn(step);
-        wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
-        scores_landed();
-        float correction[2];
-        softmax(step, correction);
-        wgmma_wait<0>();
-        output_landed();
-        release(step - 1);
-        rescale_output(correction);   // O now holds P·V up to tile step - 1
-        pack_probabilities();
-      } else if (step == my_tiles) {   // the last P·V
-        mbarrier_wait(&bars.v_full[(step - 1) % kStages], parity(step - 1));
-        issue_values(step - 1);
-        hand_over_turn(step);
-        wgmma_wait<0>();
-        output_landed();
-        release(step - 1);
-      } else {   // causal: a tile right of this warpgroup's diagonal
-        hand_over_turn(step);
-        skip(step - 1);
-      }
-    }
-  } else {
-    for (int tile = 0; tile < key_tiles; ++tile) {
-      if (tile >= my_tiles) {
-        skip(tile);
-        continue;
-      }
-      mbarrier_wait(&bars.k_full[tile % kStages], parity(tile));
-      issue_scores(tile);
-      wgmma_wait<0>();
-      scores_landed();
-      float correction[2];
-      softmax(tile, correction);
-      rescale_output(correction);
-      pack_probabilities();
-      mbarrier_wait(&bars.v_full[tile % kStages], parity(tile));
-      issue_values(tile);
-      wgmma_wait<0>();
-      output_landed();
-      release(tile);
-    }
-  }
+  // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the
+  // other after issuing, and consumer 1 gives consumer 0 the first turn of every work item. Both take
+  // all key_tiles + 1 steps of an item (issuing nothing in those past their own tiles), so every turn
+  // handed over is taken, except the one consumer 1 would hand over at the item's end.
+  constexpr uint32_t kTurnThreads = 256;
+  const auto take_turn = [&]() {
+    if (Cfg::kPingPong) named_barrier_sync(1 + consumer, kTurnThreads);
+  };
+  const auto hand_over_turn = [&](int step) {
+    if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) named_barrier_arrive(2 - consumer, kTurnThreads);
+  };
 
-  // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+  for (int index = blockIdx.x, items_done = 0; index < work_items; index += gridDim.x, ++items_done) {
+    const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
+    key_tiles = item.key_tiles;
+    group_row = item.first_row + consumer * 64;   // this warpgroup's first query row
+    warp_row = group_row + warp * 16 + g;         // this lane's rows: warp_row and + 8
+    // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
+    my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
+
+    mbarrier_wait(&bars.q_full, items_done & 1);
+    {
+      const int row = consumer * 64 + warp * 16 + lane % 16;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
-    const int row = warp_row + h * 8;
-    if (row >= params.seqlen_q) continue;
-    T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
+      for (int kk = 0; kk < kKSteps; ++kk)
+        ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
+    }
+    fence_proxy_async();   // these reads of Q come before the copy engine's next write there
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&bars.q_empty);
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j)
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
-        *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
-            pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
+      for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = -INFINITY;
+      row_sum[h] = 0.f;
+    }
+
+    if constexpr (OVERLAP) {
+      // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
+      // softmax of tile `step` while that P·V runs. Each branch waits for every wgmma it issues: ptxas
+      // then knows that none is in flight where the branches meet, and does not serialise them.
+      if (Cfg::kPingPong && consumer == 1) named_barrier_arrive(1, kTurnThreads);
+      for (int step = 0; step <= key_tiles; ++step) {
+        take_turn();
+        if (step == 0) {   // the first tile: its scores alone (my_tiles >= 1 for every warpgroup)
+          wait_keys(0);
+          issue_scores(0);
+          hand_over_turn(step);
+          wgmma_wait<0>();
+          scores_landed();
+          float correction[2];
+          softmax(0, correction);   // O is still zero: no rescale
+          pack_probabilities();
+        } else if (step < my_tiles) {
+          wait_keys(step);
+          issue_scores(step);
+          wait_values(step - 1);
+          issue_values(step - 1);
+          hand_over_turn(step);
+          wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
+          scores_landed();
+          float correction[2];
+          softmax(step, correction);
+          wgmma_wait<0>();
+          output_landed();
+          release(step - 1);
+          rescale_output(correction);   // O now holds P·V up to tile step - 1
+          pack_probabilities();
+        } else if (step == my_tiles) {   // the last P·V
+          wait_values(step - 1);
+          issue_values(step - 1);
+          hand_over_turn(step);
+          wgmma_wait<0>();
+          output_landed();
+          release(step - 1);
+        } else {   // causal: a tile right of this warpgroup's diagonal
+          hand_over_turn(step);
+          skip(step - 1);
+        }
+      }
+    } else {
+      for (int tile = 0; tile < key_tiles; ++tile) {
+        if (tile >= my_tiles) {
+          skip(tile);
+          continue;
+        }
+        wait_keys(tile);
+        issue_scores(tile);
+        wgmma_wait<0>();
+        scores_landed();
+        float correction[2];
+        softmax(tile, correction);
+        rescale_output(correction);
+        pack_probabilities();
+        wait_values(tile);
+        issue_values(tile);
+        wgmma_wait<0>();
+        output_landed();
+        release(tile);
+      }
+    }
+
+    // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
+      const int row = warp_row + h * 8;
+      if (row >= params.seqlen_q) continue;
+      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, item.batch, item.head, row);
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+          *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
+              pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
+    }
+    ring_base += key_tiles;
   }
 }
 
@@ -435,17 +494,22 @@ template <typename T, int kHeadDim>
 cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   using Cfg = Tiles<kHeadDim>;
   constexpr auto kKernel = attention_warpspec_kernel<T, kHeadDim>;
+  const long long work_items =
+      static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
+  if (work_items > 0x7fffffff) return cudaErrorInvalidConfiguration;
   TensorMaps maps;
   cudaError_t err = make_map(&maps.q, p, p.q, p.q_strides, p.seqlen_q, Cfg::kBlockM);
   if (err == cudaSuccess) err = make_map(&maps.k, p, p.k, p.k_strides, p.seqlen_k, Cfg::kBlockN);
   if (err == cudaSuccess) err = make_map(&maps.v, p, p.v, p.v_strides, p.seqlen_k, Cfg::kBlockN);
+  int device = 0, sms = 0;
+  if (err == cudaSuccess) err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes);
+  if (err == cudaSuccess && PERSISTENT && PERSISTENT_CTAS <= 0) err = device_sm_count(device, &sms);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
-  if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
-  int device = 0;
-  if ((err = cudaGetDevice(&device)) != cudaSuccess || (err = allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes)) != cudaSuccess)
-    return err;
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  // Persistent: one CTA per SM (each holds a whole SM's shared memory), walking the work items.
+  const long long ctas = PERSISTENT ? std::min<long long>(work_items, PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms)
+                                    : work_items;
+  kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
