@@ -7,8 +7,9 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
 (the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
 (--phase p07_registers, p08_wgmma, or all);
-profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
-matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
+profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs ncu), every
+chapter's "What limits it now"; peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth,
+the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
 problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
 problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     # Recorded runs that take no phase: each writes one JSON record under results/<gpu>/.
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
-                 "sanitize": sanitize.record, "profile": profile.record,
+                 "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record,
                  "split": experiments.record_key_split, "grid": grid.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
@@ -85,11 +86,17 @@ def main(argv=None) -> int:
         for name in chosen:
             print("wrote", experiments.record_ablations(name))
         return 0
+    if args.command == "profile":
+        cc = env.gpu().cc
+        runnable = _runnable(names, cc)
+        profile.prebuild(runnable, cc)
+        for name in runnable:
+            print(f"{name}: {', '.join(get(name).profile_cases)} under ncu", flush=True)
+            print("wrote", profile.record(name, cc), flush=True)
+        return 0
     if args.command == "accuracy":
         cc = env.gpu().cc
-        runnable = [n for n in names if get(n).runs_on(cc)]
-        for name in sorted(set(names) - set(runnable), key=names.index):
-            print(f"{name}: skipped, it needs an {get(name).requirement} GPU", flush=True)
+        runnable = _runnable(names, cc)
         accuracy.prebuild(runnable, cc)
         for name in runnable:
             print(f"{name}: {len(accuracy.builds_of(name))} build(s) on "
@@ -123,6 +130,14 @@ def main(argv=None) -> int:
         failed |= any(not row.get("passed", True) for row in rows)
         print(pd.DataFrame([_flat(row) for row in rows]).to_string(index=False), flush=True)
     return 1 if failed else 0
+
+
+def _runnable(names: list[str], cc: int) -> list[str]:
+    """The phases this GPU runs, saying which it skips."""
+    runnable = [n for n in names if get(n).runs_on(cc)]
+    for name in sorted(set(names) - set(runnable), key=names.index):
+        print(f"{name}: skipped, it needs an {get(name).requirement} GPU", flush=True)
+    return runnable
 
 
 def _check_rows(fn, case):

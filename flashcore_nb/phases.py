@@ -99,6 +99,8 @@ class Phase:
     # Where attention takes it on a GPU without a recorded tuning table: problems whose 128-row query
     # tiles (B·H·⌈Sq/128⌉) fill [low, high) waves of one tile per SM (dispatch.fallback).
     fallback_waves: tuple[float, float] = (0.0, math.inf)
+    # The timing cases (shapes.py) its Nsight Compute profile covers: a large D = 64 problem and a D = 128 one
+    profile_cases: tuple[str, ...] = ("b4h16_s2048", "b2h16_s4096_d128")
 
     @property
     def kernel_file(self):
@@ -364,6 +366,8 @@ _REGISTRY = [
         key_split=True,
         split_defines={"SMALL_PROBLEM_CTAS": 1000},
         dispatch=True,
+        # Chapter 7's four large shapes (all take the large tiles), then the mission shape (the key-split path)
+        profile_cases=("b16h16_s512", "b4h16_s2048", "b4h16_s2048_causal", "b2h16_s4096_d128", "mission"),
         variants=(
             # Chapter 7's ablation: each technique changed alone from the defaults. Those also tagged
             # "accuracy", with the ones after them, are the accuracy record's suspects, one at a time.
@@ -481,6 +485,8 @@ _REGISTRY = [
         # phase 7's loop without any key split, which the fallback should not pick.
         dispatch=True,
         fallback_waves=(0.0, 0.0),
+        # the mission shape is the problem it was written for (the split path); the large ones do not split
+        profile_cases=("b4h16_s2048", "b2h16_s4096_d128", "mission"),
         threads=lambda params, head_dim, split: p10_block_m(head_dim, params) // 16 * WARP,
         smem_layout=_p10_layout,
         variants=(

@@ -1,11 +1,13 @@
-"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, and
-every phase side by side (the results chapter), and flashcore_nb.attention over the grid (the chapter
-"Choosing a kernel")."""
+"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, what
+limits a phase (its Nsight Compute profile), every phase side by side (the results chapter), and
+flashcore_nb.attention over the grid (the chapter "Choosing a kernel")."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
-from . import accuracy, budget, build, results, roofline, shapes
+from . import accuracy, budget, build, profile, results, roofline, shapes
 from .bench import BASELINES, TRITON, baseline_us, time_ratio
 from .phases import get
 from .shapes import Case
@@ -117,6 +119,39 @@ def accuracy_cost(record: dict) -> pd.DataFrame:
         for case in dict.fromkeys(timing["case"]):
             table[f"{case} {name}"] = by_case[case]
     return table.reset_index()
+
+
+TOP_STALLS = 3
+
+
+def limits(record: dict) -> pd.DataFrame:
+    """A phase's recorded profile (profile.py), a row per case: registers, achieved occupancy, warps per
+    scheduler and how many of them can issue, tensor-pipe and issue-slot busy shares, the share of
+    shared-memory wavefronts that bank conflicts add, the cycles between two instructions of a warp, and
+    the largest stall reasons in them. Counters a record predates read NaN."""
+    rows = []
+    for run in record["rows"]:
+        def counter(key):
+            return run.get(key, math.nan)
+        # a phase issues mma.sync or wgmma, each counted on its own side of the tensor pipe
+        tensor = max((x for x in (counter("tensor_pipe_pct"), counter("gmma_pipe_pct")) if not math.isnan(x)),
+                     default=math.nan)
+        wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
+        conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
+        row = {"case": run["case"], "registers": int(run["registers"]),
+               "occupancy %": counter("achieved_occupancy_pct"), "warps / scheduler": counter("warps_per_scheduler"),
+               "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": tensor,
+               "issue busy %": counter("issue_busy_pct"),
+               "bank-conflict wavefronts %": 100.0 * conflicts / wavefronts if wavefronts else math.nan,
+               "cycles / issue": counter("cycles_per_issue")}
+        # "selected" is the issue itself, one cycle per instruction: not a wait
+        stalls = sorted(((cycles, reason) for reason, cycles in run["stalls"].items() if reason != "selected"),
+                        reverse=True)
+        for i in range(TOP_STALLS):
+            row[f"stall {i + 1}"] = (f"{profile.stall_label(stalls[i][1])} {stalls[i][0]:.2f}"
+                                     if i < len(stalls) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
