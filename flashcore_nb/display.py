@@ -1,5 +1,5 @@
-"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, and a
-phase's correctness in a line per dtype with the full table folded under it."""
+"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, a
+phase's correctness in a line per dtype with the full table folded under it, and one rung's measurement."""
 from __future__ import annotations
 
 import difflib
@@ -80,6 +80,22 @@ def kernel_diff(previous: str, current: str) -> Diff:
 
     lines = difflib.unified_diff(old[skip_old:], new[skip_new:], fromfile=a.name, tofile=b.name, lineterm="")
     return Diff("\n".join(renumber(line) for line in lines))
+
+
+def rung(frame: pd.DataFrame | None, number: int) -> HTML:
+    """One rung's measurement (tables.rung) under a line that names it, with its ptxas registers and spills;
+    where the rungs are not recorded (`frame` None), a line that says so."""
+    if frame is None:
+        return HTML(f"<p><i>Rung {number} is not measured on this GPU yet: its GPU time appears here once the "
+                    f"rungs are recorded (see above).</i></p>")
+    first = frame[frame["rung"] == number].iloc[0]
+    line = f"<b>Rung {number}: {html.escape(first['variant'])}</b>"
+    if first["status"] != "ok":
+        return HTML(f"<p>{line}: {html.escape(first['status'])}</p>")
+    line += (f": {first['registers']} registers per thread, {first['spill_bytes']} bytes of spills "
+             f"(ptxas, the build's worst kernel)")
+    table = tables.rung(frame, number).style.format(precision=2, na_rep="–").hide(axis="index").to_html()
+    return HTML(f"<p>{line}</p>{table}")
 
 
 def correctness(runs: pd.DataFrame) -> HTML:
