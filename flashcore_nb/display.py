@@ -22,15 +22,19 @@ def kernel_source(phase_name: str) -> Code:
     return Code(get(phase_name).kernel_file.read_text(), language="cuda")
 
 
-def kernel_excerpt(file: str, first: str, last: str) -> Code:
-    """The lines of kernels/`file` from the first line containing `first` through the next line containing
-    `last`, syntax-highlighted, under a comment that says where they are: a chapter's excerpt of what is new
-    stays in step with the file it shows."""
+def kernel_excerpt(file: str, first: str, last: str, after: str | None = None) -> Code:
+    """The lines of kernels/`file` from the first line containing `first` (below the first line containing
+    `after`, where a file has `first` more than once) through the next line containing `last`,
+    syntax-highlighted, under a comment that says where they are: a chapter's excerpt of what is new stays
+    in step with the file it shows."""
     from .paths import KERNELS_DIR
     lines = (KERNELS_DIR / file).read_text().splitlines()
-    start = next((i for i, line in enumerate(lines) if first in line), None)
+    begin = 0 if after is None else next((i + 1 for i, line in enumerate(lines) if after in line), None)
+    if begin is None:
+        raise ValueError(f"kernels/{file} has no line containing {after!r}")
+    start = next((i for i in range(begin, len(lines)) if first in lines[i]), None)
     if start is None:
-        raise ValueError(f"kernels/{file} has no line containing {first!r}")
+        raise ValueError(f"kernels/{file} has no line containing {first!r}" + (f" after {after!r}" if after else ""))
     end = next((i for i in range(start, len(lines)) if last in lines[i]), None)
     if end is None:
         raise ValueError(f"kernels/{file} has no line containing {last!r} after line {start + 1}")

@@ -171,6 +171,21 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
     return table, source
 
 
+def ptxas_builds(phase_name: str, builds: dict[str, dict], cc: int = 90) -> pd.DataFrame:
+    """ptxas stats compiled now with nvcc (no GPU needed) of several builds of one phase, label -> defines
+    over its defaults on a GPU of compute capability `cc`: per build, its worst kernel's registers, spills
+    and stack (the build holds every head dim, dtype and launch path)."""
+    from concurrent.futures import ThreadPoolExecutor
+    phase = get(phase_name)
+
+    def stats(defines: dict) -> build.PtxasStats:
+        return build.compile_only(phase.kernel_file, cc, {**phase.tile_params_for(cc), **defines}, phase.arch_specific)
+    with ThreadPoolExecutor() as pool:   # nvcc runs in its own process: threads compile in parallel
+        compiled = list(pool.map(stats, builds.values()))
+    table = pd.DataFrame([{"build": label, "arch": phase.arch_name(cc), **vars(row)} for label, row in zip(builds, compiled)])
+    return table.drop(columns=["smem_bytes", "kernels"])
+
+
 def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[str] | None = None) -> pd.DataFrame:
     """GPU time per case across successive records of one phase (see results.history), each with its
     paired ratio to SDPA default from its own run."""
