@@ -98,7 +98,8 @@ def rung(frame: pd.DataFrame | None, number: int) -> HTML:
         return HTML(f"<p>{line}: {html.escape(first['status'])}</p>")
     line += (f": {first['registers']} registers per thread, {first['spill_bytes']} bytes of spills "
              f"(ptxas, the build's worst kernel)")
-    table = tables.rung(frame, number).style.format(precision=2, na_rep="–").hide(axis="index").to_html()
+    table = tables.rung(frame, number).style.format(precision=2).format("{:.1f}", subset=["spread %"])
+    table = table.hide(axis="index").to_html()
     return HTML(f"<p>{line}</p>{table}")
 
 
