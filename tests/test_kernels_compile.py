@@ -26,6 +26,20 @@ def test_compiles_with_ptxas_stats(name, cc, default_build_stats):
     assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{name} spills on sm_{cc}: {stats}"
 
 
+# Every rung but the last (the defaults, compiled above), for every arch of its phase.
+RUNG_CASES = [(name, label, defines, cc) for name, phase in PHASES.items()
+              for label, defines in phase.variants_tagged("rung").items() if defines for cc in phase.archs]
+
+
+@pytest.mark.parametrize("name,label,defines,cc", RUNG_CASES, ids=[f"{n}-{l}-sm_{cc}" for n, l, _, cc in RUNG_CASES])
+def test_rungs_compile_within_the_spill_budget(name, label, defines, cc):
+    """A chapter's rungs are measured builds: none may spill more than its phase's defaults are allowed to."""
+    phase = PHASES[name]
+    stats = build.compile_only(phase.kernel_file, cc, {**phase.tile_params_for(cc), **defines}, phase.arch_specific)
+    budget = phase.spill_budget_bytes
+    assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{label} spills on sm_{cc}: {stats}"
+
+
 def test_invalid_tile_parameters_fail_with_the_reason():
     with pytest.raises(build.CompileError, match="NUM_THREADS must be a power of two"):
         build.compile_only(PHASES["p01_baseline"].kernel_file, 80, {"NUM_THREADS": 96})
