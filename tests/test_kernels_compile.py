@@ -1,6 +1,8 @@
 """Every kernel compiles with plain nvcc (no GPU, no torch) for every arch its phase declares; the
 kernels' source rules hold (no torch, each device helper once, no process-wide launch caches); the
 Hopper primitives in kernels/common compile, link without libcuda, and run where there is an H100."""
+import dataclasses
+import json
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -266,3 +268,16 @@ def test_hopper_primitives_on_an_h100(hopper_executable):
     if ran.stdout.startswith("not an sm_90 GPU"):
         pytest.skip(ran.stdout.strip())
     assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stdout + ran.stderr
+
+
+# --- ptxas stats are kept per build ---------------------------------------------------------------
+
+def test_ptxas_stats_are_kept_per_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_BUILD_DIR", str(tmp_path))
+    phase = PHASES["p02_vectorized"]
+    first = build.compile_only(phase.kernel_file, 80, phase.tile_params)
+    [kept] = (tmp_path / "ptxas").iterdir()
+    kept.write_text(json.dumps({**dataclasses.asdict(first), "registers": 999}))   # read back, not recompiled
+    assert build.compile_only(phase.kernel_file, 80, phase.tile_params).registers == 999
+    assert build.compile_only(phase.kernel_file, 80, {**phase.tile_params, "AN_UNUSED_DEFINE": 1}) == first
+    assert len(list((tmp_path / "ptxas").iterdir())) == 2
