@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,profile,peaks,drift,split,accuracy,grid,seqlen,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,split,accuracy,grid,seqlen,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -6,9 +6,11 @@ with plain nvcc (no GPU needed); methods: the timing-method experiment of chapte
 chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
 (the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
-(--phase p07_registers, p08_wgmma, or all);
-profile: chapter 7's Nsight Compute counters for p07 (needs ncu); peaks: this GPU's measured fp16/bf16
-matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
+(--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each
+checked and timed beside SDPA default, the defaults and the rung before (--phase p07_registers);
+profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs ncu), every
+chapter's "What limits it now"; peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth,
+the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
 problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
 problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
@@ -17,8 +19,8 @@ every candidate phase and SDPA backend over the grid of shapes, the tuning table
 reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as
 curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal
 or not, 16 heads, checked and timed in the same rounds (the results chapter; --shapes for a subset of
-shapes.SEQLEN_SWEEP). The last twelve write results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU
-needed; --out, default book/_static/ladder.png).
+shapes.SEQLEN_SWEEP). From precision on, each writes results/<gpu>/experiments/. figures: the README's ladder figure
+from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
@@ -34,11 +36,14 @@ from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
 
+# Verbs that record a phase's tagged variants (experiments.VARIANTS): verb -> tag.
+VARIANT_VERBS = {"ablate": "ablation", "rungs": "rung"}
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
-                                            "precision", "sweep", "sanitize", "ablate", "profile", "peaks",
+                                            "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
                                             "drift", "split", "accuracy", "grid", "seqlen", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
@@ -64,32 +69,41 @@ def main(argv=None) -> int:
         print("wrote", plots.export_ladder(args.out))
         return 0
 
+    if args.command in VARIANT_VERBS:
+        recorded = experiments.VARIANTS[VARIANT_VERBS[args.command]]
+        chosen = [n for n in names if n in recorded]
+        if not chosen:
+            print(f"{args.command} needs --phase one of {sorted(recorded)} (or all)", file=sys.stderr)
+            return 2
+
     if env.gpu() is None:
         print(f"'{args.command}' needs a CUDA GPU", file=sys.stderr)
         return 2
     # Recorded runs that take no phase: each writes one JSON record under results/<gpu>/.
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
-                 "sanitize": sanitize.record, "profile": profile.record,
+                 "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record,
                  "split": experiments.record_key_split, "grid": grid.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
         return 0
-    if args.command == "ablate":
-        chosen = [n for n in names if n in experiments.ABLATIONS]
-        if not chosen:
-            print(f"ablate needs --phase one of {sorted(experiments.ABLATIONS)} (or all)", file=sys.stderr)
-            return 2
+    if args.command in VARIANT_VERBS:
         for name in chosen:
-            print("wrote", experiments.record_ablations(name))
+            print("wrote", experiments.record_variants(name, VARIANT_VERBS[args.command]))
+        return 0
+    if args.command == "profile":
+        cc = env.gpu().cc
+        runnable = _runnable(names, cc)
+        profile.prebuild(runnable, cc)
+        for name in runnable:
+            print(f"{name}: {', '.join(get(name).profile_cases)} under ncu", flush=True)
+            print("wrote", profile.record(name, cc), flush=True)
         return 0
     if args.command == "accuracy":
         cc = env.gpu().cc
-        runnable = [n for n in names if get(n).runs_on(cc)]
-        for name in sorted(set(names) - set(runnable), key=names.index):
-            print(f"{name}: skipped, it needs an {get(name).requirement} GPU", flush=True)
+        runnable = _runnable(names, cc)
         accuracy.prebuild(runnable, cc)
         for name in runnable:
             print(f"{name}: {len(accuracy.builds_of(name))} build(s) on "
@@ -123,6 +137,14 @@ def main(argv=None) -> int:
         failed |= any(not row.get("passed", True) for row in rows)
         print(pd.DataFrame([_flat(row) for row in rows]).to_string(index=False), flush=True)
     return 1 if failed else 0
+
+
+def _runnable(names: list[str], cc: int) -> list[str]:
+    """The phases this GPU runs, saying which it skips."""
+    runnable = [n for n in names if get(n).runs_on(cc)]
+    for name in sorted(set(names) - set(runnable), key=names.index):
+        print(f"{name}: skipped, it needs an {get(name).requirement} GPU", flush=True)
+    return runnable
 
 
 def _check_rows(fn, case):

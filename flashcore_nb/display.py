@@ -1,5 +1,5 @@
-"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, and a
-phase's correctness in a line per dtype with the full table folded under it."""
+"""What a chapter shows beside the measurements: kernel source, the diff from the phase before, a
+phase's correctness in a line per dtype with the full table folded under it, and one rung's measurement."""
 from __future__ import annotations
 
 import difflib
@@ -22,15 +22,19 @@ def kernel_source(phase_name: str) -> Code:
     return Code(get(phase_name).kernel_file.read_text(), language="cuda")
 
 
-def kernel_excerpt(file: str, first: str, last: str) -> Code:
-    """The lines of kernels/`file` from the first line containing `first` through the next line containing
-    `last`, syntax-highlighted, under a comment that says where they are: a chapter's excerpt of what is new
-    stays in step with the file it shows."""
+def kernel_excerpt(file: str, first: str, last: str, after: str | None = None) -> Code:
+    """The lines of kernels/`file` from the first line containing `first` (below the first line containing
+    `after`, where a file has `first` more than once) through the next line containing `last`,
+    syntax-highlighted, under a comment that says where they are: a chapter's excerpt of what is new stays
+    in step with the file it shows."""
     from .paths import KERNELS_DIR
     lines = (KERNELS_DIR / file).read_text().splitlines()
-    start = next((i for i, line in enumerate(lines) if first in line), None)
+    begin = 0 if after is None else next((i + 1 for i, line in enumerate(lines) if after in line), None)
+    if begin is None:
+        raise ValueError(f"kernels/{file} has no line containing {after!r}")
+    start = next((i for i in range(begin, len(lines)) if first in lines[i]), None)
     if start is None:
-        raise ValueError(f"kernels/{file} has no line containing {first!r}")
+        raise ValueError(f"kernels/{file} has no line containing {first!r}" + (f" after {after!r}" if after else ""))
     end = next((i for i in range(start, len(lines)) if last in lines[i]), None)
     if end is None:
         raise ValueError(f"kernels/{file} has no line containing {last!r} after line {start + 1}")
@@ -80,6 +84,23 @@ def kernel_diff(previous: str, current: str) -> Diff:
 
     lines = difflib.unified_diff(old[skip_old:], new[skip_new:], fromfile=a.name, tofile=b.name, lineterm="")
     return Diff("\n".join(renumber(line) for line in lines))
+
+
+def rung(frame: pd.DataFrame | None, number: int) -> HTML:
+    """One rung's measurement (tables.rung) under a line that names it, with its ptxas registers and spills;
+    where the rungs are not recorded (`frame` None), a line that says so."""
+    if frame is None:
+        return HTML(f"<p><i>Rung {number} is not measured on this GPU yet: its GPU time appears here once the "
+                    f"rungs are recorded (see above).</i></p>")
+    first = frame[frame["rung"] == number].iloc[0]
+    line = f"<b>Rung {number}: {html.escape(first['variant'])}</b>"
+    if first["status"] != "ok":
+        return HTML(f"<p>{line}: {html.escape(first['status'])}</p>")
+    line += (f": {first['registers']} registers per thread, {first['spill_bytes']} bytes of spills "
+             f"(ptxas, the build's worst kernel)")
+    table = tables.rung(frame, number).style.format(precision=2).format("{:.1f}", subset=["spread %"])
+    table = table.hide(axis="index").to_html()
+    return HTML(f"<p>{line}</p>{table}")
 
 
 def correctness(runs: pd.DataFrame) -> HTML:

@@ -1,6 +1,6 @@
-"""Recorded experiments that build a phase with other -D defines: chapter 4's precision experiment
-and the tile-size sweeps (chapter 5's heatmap and widget); peaks.py records the GPU's ceilings with
-the same machinery.
+"""Recorded experiments that build a phase with other -D defines: chapter 4's precision experiment,
+the tile-size sweeps (chapter 5's heatmap and widget), chapters 7 and 8's ablations, chapter 7's rungs
+and its key split; peaks.py records the GPU's ceilings with the same machinery.
 
 Each is written by the CLI on a real GPU to results/<gpu>/experiments/<name>.json with the same
 provenance as a phase record, and the sha256 of every kernel build it measured, so that a record
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -32,17 +33,25 @@ SWEEP_GRIDS = {name: phase.sweep_grid for name, phase in PHASES.items() if phase
 SWEEP_CHECK_CASES = ("mission", "s17", "s1000", "mission_causal", "sq_gt_sk_causal")
 SWEEP_TIMING_CASES = ("mission", "b4h16_s2048")
 
-# Chapters 7 and 8: each technique changed alone from the phase's defaults (the variants tagged
-# "ablation"), checked (p07's small cases take its key-split path, the large ones its large-tile path)
-# and timed on every timing case.
-ABLATIONS = {name: phase.variants_tagged("ablation") for name, phase in PHASES.items()
-             if phase.variants_tagged("ablation")}
-ABLATION_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")
-ABLATION_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
+# Chapters 7 and 8: the variants a phase tags "ablation" (each technique changed alone from the defaults)
+# and "rung" (chapter 7's kernel built up a step at a time, the last rung the defaults), checked (p07's
+# small cases take its key-split path, the large ones its large-tile path) and timed on every timing case
+# against the defaults in the same rounds; each rung also against the rung before it.
+VARIANT_RECORDS = {"ablation": "ablations", "rung": "rungs"}   # tag -> the record's name, <phase>_<name>
+VARIANTS = {tag: {name: phase.variants_tagged(tag) for name, phase in PHASES.items() if phase.variants_tagged(tag)}
+            for tag in VARIANT_RECORDS}
+ABLATIONS, RUNGS = VARIANTS["ablation"], VARIANTS["rung"]
+VARIANT_CHECK_CASES = (*SWEEP_CHECK_CASES, "d128", "b16h16_s512", "b4h16_s2048_causal")
+VARIANT_TIMING_CASES = tuple(case.name for case in shapes.TIMING)
 
 
 def sweep_name(phase_name: str) -> str:
     return f"{phase_name}_sweep"
+
+
+def variants_name(phase_name: str, tag: str) -> str:
+    """The record of a phase's variants with this tag (VARIANT_RECORDS)."""
+    return f"{phase_name}_{VARIANT_RECORDS[tag]}"
 
 
 def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict],
@@ -188,9 +197,10 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
 EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)
 
 
-def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, reference=None) -> dict:
+def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, references: dict | None = None) -> dict:
     """Check and time one configuration already known to compile, SDPA default beside it in the same
-    interleaved rounds (and, for an ablation, the phase's defaults: `reference`)."""
+    interleaved rounds, and the `references` (label -> built fn: an ablation's defaults, a rung's previous
+    rung), each with its paired ratio `<case>_vs_<label>`."""
     import torch
 
     from .bench import compare, paired_ratio
@@ -205,23 +215,25 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, r
         return {**row, "status": "too much shared memory", "message": str(error)}
     if failed:
         return {**row, "status": "incorrect", "message": f"failed on {', '.join(failed)}"}
+    references = references or {}
     for case in timing_cases:
-        fns = {"config": fn, **({"defaults": reference} if reference else {})}
-        timings = compare(fns, case, ("sdpa_default",), rounds=EXPERIMENT_ROUNDS)
+        timings = compare({"config": fn, **references}, case, ("sdpa_default",), rounds=EXPERIMENT_ROUNDS)
         ours, sdpa = timings["config"], timings["sdpa_default"]
         row[f"{case.name}_us"] = ours["gpu_us"]
         row[f"{case.name}_spread_us"] = [ours["gpu_us_min"], ours["gpu_us_max"]]
         row[f"{case.name}_sdpa_us"] = sdpa["gpu_us"]
         row[f"{case.name}_vs_sdpa"] = paired_ratio(ours, sdpa)
-        if reference:
-            row[f"{case.name}_vs_defaults"] = paired_ratio(ours, timings["defaults"])
+        for label in references:
+            row[f"{case.name}_vs_{label}"] = paired_ratio(ours, timings[label])
         row[f"{case.name}_sm_clock_mhz"] = timings["sm_clock_mhz"]
     return row
 
 
 def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print, check_names=SWEEP_CHECK_CASES,
-              timing_names=SWEEP_TIMING_CASES, against_defaults: bool = False) -> tuple[list[dict], dict]:
-    """Every configuration checked and timed (see run_sweep_config); also returns SDPA default's median
+              timing_names=SWEEP_TIMING_CASES, against_defaults: bool = False,
+              against_previous: bool = False) -> tuple[list[dict], dict]:
+    """Every configuration checked and timed (see run_sweep_config), against the phase's defaults and
+    against the configuration before it (where that one ran) if asked; also returns SDPA default's median
     GPU time per case over all of the configurations' rounds, for labels."""
     import statistics
 
@@ -230,14 +242,17 @@ def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print
     check_cases = shapes.select(",".join(check_names))
     timing_cases = shapes.select(",".join(timing_names))
     failures = prebuild_all(phase_name, configs, env.gpu().cc)
-    reference = load_phase(phase_name) if against_defaults else None
+    defaults = {"defaults": load_phase(phase_name)} if against_defaults else {}
     rows = []
-    for params in configs:
+    for i, params in enumerate(configs):
         label = config_label(params)
+        references = dict(defaults)
+        if against_previous and i > 0 and rows[-1]["status"] == "ok":
+            references["previous"] = load_phase(phase_name, **configs[i - 1])
         if label in failures:
             row = {**params, "status": "does not compile", "message": failures[label]}
         else:
-            row = run_sweep_config(phase_name, params, check_cases, timing_cases, reference)
+            row = run_sweep_config(phase_name, params, check_cases, timing_cases, references)
         progress(f"{label}: {row['status']}" + (f", mission {row['mission_us']:.1f} µs" if "mission_us" in row else ""))
         rows.append(row)
     sdpa = {f"sdpa_{case.name}_us": statistics.median(row[f"{case.name}_sdpa_us"] for row in rows if row["status"] == "ok")
@@ -253,15 +268,17 @@ def record_sweep(phase_name: str) -> Path:
     return results.write(record)
 
 
-def record_ablations(phase_name: str) -> Path:
-    variants = ABLATIONS[phase_name]
-    rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=ABLATION_CHECK_CASES,
-                           timing_names=ABLATION_TIMING_CASES, against_defaults=True)
+def record_variants(phase_name: str, tag: str, root: Path = RESULTS_DIR) -> Path:
+    """The phase's variants with this tag (VARIANTS), in registry order, each checked and timed against the
+    defaults, and each rung against the rung before it too."""
+    variants = VARIANTS[tag][phase_name]
+    rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=VARIANT_CHECK_CASES,
+                           timing_names=VARIANT_TIMING_CASES, against_defaults=True, against_previous=tag == "rung")
     for variant, row in zip(variants, rows):
         row["variant"] = variant
-    record = make_record(f"{phase_name}_ablations", phase_name, variants, rows)
+    record = make_record(variants_name(phase_name, tag), phase_name, variants, rows)
     record["sdpa"] = sdpa
-    return results.write(record)
+    return results.write(record, root)
 
 
 # --- where the key split pays (chapter 7) -----------------------------------------------------------
@@ -324,8 +341,42 @@ def key_split_runs(gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, s
 
 
 def ablation_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:
-    record = load(f"{phase_name}_ablations", gpu_slug)
+    record = load(variants_name(phase_name, "ablation"), gpu_slug)
     return pd.DataFrame(record["rows"]), record["sdpa"], provenance(record)
+
+
+# --- the rungs (chapter 7) ----------------------------------------------------------------------------
+
+def load_rungs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
+    return load_if_recorded(variants_name(phase_name, "rung"), gpu_slug, root)
+
+
+def rungs_missing_message(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> str:
+    return missing_message(variants_name(phase_name, "rung"), f"The rungs experiment of {phase_name}",
+                           f"rungs --phase {phase_name}", gpu_slug)
+
+
+def rung_frame(record: dict) -> pd.DataFrame:
+    """A rungs record, one row per rung and timing case: the rung (1, 2, ...) and its label, its status,
+    ptxas registers and spill bytes (the worst kernel of the build), its GPU time (median over the rounds)
+    and spread, SDPA default's from the same rounds, and its paired time ratios to SDPA default, to the
+    defaults and to the rung before (NaN for the first rung); `speedup` is the previous rung's GPU time
+    over this one's, the inverse of that paired ratio."""
+    cases = [name for name in VARIANT_TIMING_CASES if any(f"{name}_us" in row for row in record["rows"])]
+    rows = []
+    for number, row in enumerate(record["rows"], start=1):
+        for case in cases:
+            spread = row.get(f"{case}_spread_us", [math.nan, math.nan])
+            rows.append({"rung": number, "variant": row["variant"], "case": case, "status": row["status"],
+                         "registers": row.get("registers"), "spill_bytes": row.get("spill_bytes"),
+                         "gpu_us": row.get(f"{case}_us", math.nan), "gpu_us_min": spread[0], "gpu_us_max": spread[1],
+                         "sdpa_us": row.get(f"{case}_sdpa_us", math.nan),
+                         "vs_sdpa": row.get(f"{case}_vs_sdpa", math.nan),
+                         "vs_defaults": row.get(f"{case}_vs_defaults", math.nan),
+                         "vs_previous": row.get(f"{case}_vs_previous", math.nan)})
+    frame = pd.DataFrame(rows)
+    frame["speedup"] = 1.0 / frame["vs_previous"]
+    return frame
 
 
 def sweep_runs(phase_name: str, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, dict, str]:

@@ -1,7 +1,7 @@
 """The ordered registry of phases: everything the package knows about a phase, in one entry.
 
 An entry names the kernel file and what it supports, its tile defaults (per GPU where the H100's do
-not fit), its shared-memory layout and block size, its variants (ablation, sanitizer and GPU-test
+not fit), its shared-memory layout and block size, its variants (ablation, rung, sanitizer and GPU-test
 builds), its sweep grid and its kernel's name. The generic modules (budget, experiments, sanitize,
 profile, tables, widgets) and the tests iterate over PHASES; none of them names a phase.
 """
@@ -53,6 +53,9 @@ class Variant:
     "precision": a row of chapter 4's precision experiment (the label is the record's);
     "accuracy": a build of the phase's accuracy record, beside the defaults on the same random problems
     (accuracy.py: one suspect of an error larger than SDPA's changed);
+    "rung": a step of the chapter's rungs record, in list order (the label is the record's): the kernel
+    built up a technique or two at a time, each rung keeping every earlier one's, the last rung the
+    defaults themselves ({}; see rungs()); each is timed against the defaults and the rung before it;
     "sanitize": an extra compute-sanitizer target beside the defaults;
     "test": the GPU suite checks it on the whole shape suite (it must be correct)."""
     label: str
@@ -62,6 +65,17 @@ class Variant:
 
 def variant(label: str, defines: dict, *tags: str) -> Variant:
     return Variant(label, defines, frozenset(tags))
+
+
+def rungs(off: dict, *steps: tuple[str, tuple[str, ...]], tested: int = 0) -> tuple[Variant, ...]:
+    """A chapter's rungs, tagged "rung": the first builds the phase with every define of `off`; each step
+    names the defines it gives back to the phase's defaults, so every rung keeps the techniques of the
+    rungs before it. The first `tested` rungs are tagged "test" too."""
+    built, remaining = [], dict(off)
+    for i, (label, switched_on) in enumerate(steps):
+        remaining = {key: value for key, value in remaining.items() if key not in switched_on}
+        built.append(variant(label, remaining, "rung", *(("test",) if i < tested else ())))
+    return tuple(built)
 
 
 # --- the phase ------------------------------------------------------------------------------------
@@ -99,6 +113,8 @@ class Phase:
     # Where attention takes it on a GPU without a recorded tuning table: problems whose 128-row query
     # tiles (B·H·⌈Sq/128⌉) fill [low, high) waves of one tile per SM (dispatch.fallback).
     fallback_waves: tuple[float, float] = (0.0, math.inf)
+    # The timing cases (shapes.py) its Nsight Compute profile covers: a large D = 64 problem and a D = 128 one
+    profile_cases: tuple[str, ...] = ("b4h16_s2048", "b2h16_s4096_d128")
 
     @property
     def kernel_file(self):
@@ -380,7 +396,26 @@ _REGISTRY = [
         key_split=True,
         split_defines={"SMALL_PROBLEM_CTAS": 1000},
         dispatch=True,
+        # Chapter 7's four large shapes (all take the large tiles), then the mission shape (the key-split path)
+        profile_cases=("b16h16_s512", "b4h16_s2048", "b4h16_s2048_causal", "b2h16_s4096_d128", "mission"),
         variants=(
+            # Chapter 7's rungs. The first: large tiles on every problem, 16 rows per warp, FlashAttention-2's
+            # one-buffer schedule, plain rows, the scale not folded, every tile masked, one CTA per query tile, O
+            # rescaled every tile (Q stays in registers at D = 64: all of the state in registers is rung 1's
+            # idea). 32 rows per warp comes after rung 3's leaner softmax: on top of rung 2, every tile's mask
+            # arithmetic and the unfolded scale leave too few registers for 128 O accumulators at D = 128
+            # (ptxas spill stores: 68 bytes on sm_90, 216 on sm_80; on top of rung 3, the defaults' 4 and 12). The
+            # GPU suite checks the last two already ("no key-split path" and the defaults).
+            *rungs({"SWIZZLE": 0, "WARP_ROWS": 16, "STAGES": 1, "FOLD_LOG2E": 0, "SEPARATE_MASKED_TILES": 0,
+                    "PERSISTENT": 0, "LAZY_RESCALE": 0, "SMALL_PROBLEM_CTAS": 0},
+                   ("mma.sync, S and P in registers", ()),
+                   ("+ swizzled shared memory", ("SWIZZLE",)),
+                   ("+ 2-stage cp.async ring, exp2 folding, unmasked interior tiles",
+                    ("STAGES", "FOLD_LOG2E", "SEPARATE_MASKED_TILES")),
+                   ("+ 32 rows per warp", ("WARP_ROWS",)),
+                   ("+ persistent CTAs, lazy rescale", ("PERSISTENT", "LAZY_RESCALE")),
+                   ("+ key split for small problems (the defaults)", ("SMALL_PROBLEM_CTAS",)),
+                   tested=4),
             # Chapter 7's ablation: each technique changed alone from the defaults. Those also tagged
             # "accuracy", with the ones after them, are the accuracy record's suspects, one at a time.
             variant("defaults", {}, "ablation"),
@@ -538,6 +573,8 @@ _REGISTRY = [
         # phase 7's loop without any key split, which the fallback should not pick.
         dispatch=True,
         fallback_waves=(0.0, 0.0),
+        # the mission shape is the problem it was written for (the split path); the large ones do not split
+        profile_cases=("b4h16_s2048", "b2h16_s4096_d128", "mission"),
         threads=lambda params, head_dim, split: p10_block_m(head_dim, params) // 16 * WARP,
         smem_layout=_p10_layout,
         variants=(

@@ -448,6 +448,43 @@ def ablation(table: pd.DataFrame, cases: list[str], title: str):
     return fig
 
 
+def _microseconds(us: float) -> str:
+    return f"{us:.0f}" if us >= 100 else f"{us:.1f}"
+
+
+def rungs(frame: pd.DataFrame, title: str):
+    """Chapter 7's rungs (experiments.rung_frame): one panel per case, one bar per rung with its GPU time
+    (the whisker: its spread over the rounds), and SDPA default's GPU time as a dashed line (its median
+    over the rungs' rounds)."""
+    cases = list(frame["case"].unique())
+    columns = 3
+    rows_ = -(-len(cases) // columns)
+    fig, axes = plt.subplots(rows_, columns, figsize=(11, 3.1 * rows_), squeeze=False)
+    colors = plt.get_cmap("viridis")(np.linspace(0.15, 0.85, frame["rung"].nunique()))
+    for ax, case in zip(axes.flat, cases):
+        part = frame[frame["case"] == case]
+        errors = [part["gpu_us"] - part["gpu_us_min"], part["gpu_us_max"] - part["gpu_us"]]
+        ax.bar(part["rung"], part["gpu_us"], color=colors, yerr=errors, capsize=2, ecolor="#555555")
+        for x, us in zip(part["rung"], part["gpu_us"]):
+            if np.isfinite(us):
+                ax.text(x, us, _microseconds(us), ha="center", va="bottom", fontsize=6)
+        sdpa = part["sdpa_us"].median()
+        ax.axhline(sdpa, color=BASELINE_COLORS["sdpa_default"], linestyle="--", linewidth=1,
+                   label=f"SDPA default {_microseconds(sdpa)} µs")
+        ax.set_xticks(part["rung"])
+        ax.set_title(case, fontsize=8)
+        ax.set_ylabel("GPU µs", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="upper right")
+    for ax in axes.flat[len(cases):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("rung", fontsize=7)
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def key_split(rows: pd.DataFrame, title: str):
     """Chapter 7's crossover (experiments.key_split_runs): the key split's GPU time over the large tiles'
     (paired, log) against the large-tile grid's CTAs as a share of the SMs, one marker per sequence length

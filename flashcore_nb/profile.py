@@ -1,19 +1,26 @@
-"""Nsight Compute over a phase's kernel: where its time goes (chapter 7 profiles p07, the default).
+"""Nsight Compute over a phase's kernel: what limits it, measured (every chapter's "What limits it now").
 
-`python -m flashcore_nb profile` runs the phase's default build under `ncu` on each large timing case
-(its kernel only, by the registry's kernel name) and records the counters that explain where it levels
-off: how busy the tensor pipe and the issue slots are, how many warps each scheduler holds and how
-many of them are ready to issue, and what the others wait for. The stall reasons are in cycles per
-issued instruction; they add up to the cycles between two instructions of one warp. The profiled
-program is `python -m flashcore_nb.profile PHASE CASE`.
+`python -m flashcore_nb profile --phase NAME|all` runs each phase's default build under `ncu` on the cases
+its registry entry names (`Phase.profile_cases`), its kernel only (by the registry's kernel name), and
+records the counters that explain where it levels off: how many warps each SM holds (achieved occupancy)
+and each scheduler, how many of them are ready to issue, how busy the tensor pipe and the issue slots
+are, how many shared-memory wavefronts bank conflicts add, and what the warps wait for. The stall
+reasons are in cycles per issued instruction; they add up to the cycles between two instructions of
+one warp.
+
+One `ncu` process per phase: the profiled program, `python -m flashcore_nb.profile PHASE CASE ...`, warms
+each case up with the profiler off and brackets exactly one launch per case with cudaProfilerStart/Stop,
+so with `--profile-from-start off` ncu profiles one kernel per case, in the order of the cases.
 
 A kernel under the profiler runs alone, once, with the clocks left as they are: its duration is not a
 benchmark number (those come from graph replay beside SDPA); the proportions are what this records."""
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,19 +31,30 @@ from . import results
 from .paths import ROOT
 from .phases import get
 
-PHASE = "p07_registers"   # chapter 7's profile, what the CLI records
-CASES = ("b16h16_s512", "b4h16_s2048", "b4h16_s2048_causal", "b2h16_s4096_d128")
-SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "SchedulerStats", "WarpStateStats", "Occupancy",
-            "LaunchStats")
+PHASE = "p07_registers"   # chapter 7's profile, what runs() reads by default
+SECTIONS = ("WarpStateStats",)   # the stall reasons: one metric per reason this GPU has (STALL)
 COUNTERS = {
     "duration_ns": "gpu__time_duration.sum",
     "registers": "launch__registers_per_thread",
+    # mma.sync (HMMA) work; wgmma has its own counter (HOPPER_COUNTERS)
     "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "issue_busy_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
     "eligible_per_scheduler": "smsp__warps_eligible.avg.per_cycle_active",
     "cycles_per_issue": "smsp__average_warp_latency_per_inst_issued.ratio",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    # Bank conflicts count the wavefronts a shared-memory access needs beyond the fewest its width allows,
+    # so over all wavefronts they are the share the conflicts add. Load/store-unit accesses only: wgmma's
+    # reads of its shared-memory operands do not go through it, so p08's GEMM operands are not counted.
+    "smem_ld_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "smem_st_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "smem_ld_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+    "smem_st_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
 }
+# Hopper only (ncu refuses a metric the GPU lacks): wgmma runs on the GMMA side of the tensor pipe, which
+# the HMMA counter above does not count.
+HOPPER_COUNTERS = {"gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"}
+HOPPER_CC = 90
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 # ncu's names for the reasons, as the chapter says them.
 STALL_LABELS = {
@@ -45,90 +63,142 @@ STALL_LABELS = {
     "not_selected": "another warp issued",
     "dispatch_stall": "dispatch",
     "short_scoreboard": "shared memory / MUFU result",
-    "long_scoreboard": "global memory (cp.async wait)",
+    "long_scoreboard": "global memory",   # a global load, or (phases 6 on) the cp.async wait
     "math_pipe_throttle": "math pipe busy",
     "mio_throttle": "MIO queue full",
     "barrier": "barrier (__syncthreads)",
 }
-LAUNCHES_SKIPPED = 2   # the profiled program's warm-up launches
+WARMUPS = 2   # launches per case before the profiled one, with the profiler off
 
 
 def record_name(phase_name: str) -> str:
     return f"{phase_name}_profile"
 
 
-def command(case_name: str, phase_name: str = PHASE) -> list[str]:
+def counters_for(cc: int) -> dict[str, str]:
+    return {**COUNTERS, **(HOPPER_COUNTERS if cc == HOPPER_CC else {})}
+
+
+def command(phase_name: str, cc: int) -> list[str]:
+    """ncu over the profiled program: one process for all of the phase's cases."""
+    phase = get(phase_name)
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
-    return ["ncu", "--clock-control", "none", *sections, "--print-units", "base", "--csv", "--page", "raw",
-            "--kernel-name", f"regex:{get(phase_name).kernel_name}", "--launch-skip", str(LAUNCHES_SKIPPED),
-            "--launch-count", "1", sys.executable, "-m", "flashcore_nb.profile", phase_name, case_name]
+    return ["ncu", "--clock-control", "none", "--profile-from-start", "off",
+            "--kernel-name", f"regex:{phase.kernel_name}", *sections,
+            "--metrics", ",".join(counters_for(cc).values()), "--print-units", "base", "--csv", "--page", "raw",
+            sys.executable, "-m", "flashcore_nb.profile", phase_name, *phase.profile_cases]
 
 
-def parse(text: str) -> dict:
-    """ncu's raw page as CSV, for one profiled kernel -> the counters kept and every nonzero stall reason."""
+def parse(text: str, counters: dict[str, str] = COUNTERS) -> list[dict]:
+    """ncu's raw page as CSV -> per profiled kernel, in launch order: the counters kept and every nonzero
+    stall reason."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         raise ValueError("no CSV table in ncu's output (did the kernel run?)")
-    header, _units, values = list(csv.reader(lines[start:start + 3]))
-    raw = dict(zip(header, values))
-    missing = [metric for metric in COUNTERS.values() if metric not in raw]
+    table = [line for line in lines[start:] if line.startswith('"')]
+    header, _units, *kernels = list(csv.reader(table))
+    missing = [metric for metric in counters.values() if metric not in header]
     if missing:
         raise ValueError(f"ncu's report lacks {missing}")
-    row = {key: _number(raw[metric]) for key, metric in COUNTERS.items()}
-    row["stalls"] = {match.group(1): _number(value) for name, value in raw.items()
-                     if (match := STALL.fullmatch(name)) and _number(value) > 0}
-    return row
+    rows = []
+    for values in kernels:
+        raw = dict(zip(header, values))
+        row = {key: _number(raw[metric]) for key, metric in counters.items()}
+        row["stalls"] = {match.group(1): _number(value) for name, value in raw.items()
+                         if (match := STALL.fullmatch(name)) and _number(value) > 0}
+        rows.append(row)
+    return rows
 
 
 def _number(text: str) -> float:
     return float(text.replace(",", ""))   # ncu groups thousands
 
 
-def profile_case(case_name: str, phase_name: str = PHASE) -> dict:
-    proc = subprocess.run(command(case_name, phase_name), capture_output=True, text=True, cwd=ROOT, timeout=900,
+def prebuild(phase_names: list[str], cc: int) -> None:
+    """Compile the phases' default builds at once, in parallel, before any ncu process (which then finds
+    them in the build cache); raise on one that fails or where ncu is missing."""
+    from . import experiments
+    from .build import CompileError, compile_message
+    if shutil.which("ncu") is None:
+        raise RuntimeError("ncu (Nsight Compute) is not on PATH")
+    builds = [(name, get(name).tile_params_for(cc)) for name in phase_names]
+    failures = [f"{name}: {compile_message(log)}"
+                for (name, _), log in zip(builds, experiments.compile_in_parallel(builds, cc)) if log]
+    if failures:
+        raise CompileError("\n".join(failures))
+
+
+def profile_phase(phase_name: str, cc: int) -> list[dict]:
+    """The phase's cases under one ncu process: a row per case."""
+    cases = get(phase_name).profile_cases
+    proc = subprocess.run(command(phase_name, cc), capture_output=True, text=True, cwd=ROOT, timeout=1800,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
-        raise RuntimeError(f"ncu failed on {case_name} (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
-    return {"case": case_name, **parse(proc.stdout)}
+        raise RuntimeError(f"ncu failed on {phase_name} (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
+    rows = parse(proc.stdout, counters_for(cc))
+    if len(rows) != len(cases):
+        raise RuntimeError(f"ncu profiled {len(rows)} kernels for {phase_name}'s {len(cases)} cases {cases}")
+    return [{"case": case, **row} for case, row in zip(cases, rows)]
 
 
-def record(phase_name: str = PHASE) -> Path:
+def record(phase_name: str, cc: int) -> Path:
     from . import experiments
-    rows = [profile_case(case_name, phase_name) for case_name in CASES]
+    rows = profile_phase(phase_name, cc)
     return results.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
 
 
 def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     """The recorded profile, a row per case, stall reasons as columns (cycles per issued instruction);
-    reasons without a label of their own are summed as "other"."""
+    reasons without a label of their own are summed as "other". Counters a record predates are NaN."""
     from . import experiments
     recorded = experiments.load(record_name(phase_name), gpu_slug)
     rows = []
     for row in recorded["rows"]:
         stalls = dict(row["stalls"])
-        flat = {key: row[key] for key in ("case", *COUNTERS)}
+        flat = {"case": row["case"], **{key: row.get(key, math.nan) for key in counters_for(HOPPER_CC)}}
         flat.update({label: stalls.pop(reason, 0.0) for reason, label in STALL_LABELS.items()})
         flat["other"] = sum(stalls.values())
         rows.append(flat)
     return pd.DataFrame(rows), experiments.provenance(recorded)
 
 
-def main(phase_name: str, case_name: str) -> int:
-    """The profiled program: the case's launches, the first LAUNCHES_SKIPPED of them warm-ups."""
+def stall_label(reason: str) -> str:
+    return STALL_LABELS.get(reason, reason.replace("_", " "))
+
+
+def limits_table(phase_name: str, gpu_slug: str = results.DEFAULT_GPU):
+    """A chapter's "What limits it now, measured": (the table, formatted, and the provenance line), or
+    (None, what to run) where the phase's profile is not recorded for the GPU yet."""
+    from . import experiments, tables
+    name = record_name(phase_name)
+    recorded = experiments.load_if_recorded(name, gpu_slug)
+    if recorded is None:
+        return None, experiments.missing_message(name, f"{phase_name}'s Nsight Compute profile",
+                                                 f"profile --phase {phase_name}", gpu_slug)
+    table = tables.limits(recorded).style.format(precision=2, na_rep="–").hide(axis="index")
+    return table, experiments.provenance(recorded)
+
+
+def main(phase_name: str, *case_names: str) -> int:
+    """The profiled program: per case, WARMUPS launches with the profiler off, then one with it on."""
     import torch
 
     from . import shapes
     from .binding import load
     from .check import make_inputs
-    case = shapes.select(case_name)[0]
     fn = load(phase_name)
-    q, k, v = make_inputs(case, torch.float16, seed=1)
-    for _ in range(LAUNCHES_SKIPPED + 1):
+    for case in shapes.select(",".join(case_names)):
+        q, k, v = make_inputs(case, torch.float16, seed=1)
+        for _ in range(WARMUPS):
+            fn(q, k, v, causal=case.causal)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
         fn(q, k, v, causal=case.causal)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))

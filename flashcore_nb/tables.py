@@ -1,11 +1,13 @@
-"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, and
-every phase side by side (the results chapter), and flashcore_nb.attention over the grid (the chapter
-"Choosing a kernel")."""
+"""Tables a chapter prints: correctness, speed beside SDPA, ptxas stats per arch, occupancy per GPU, what
+limits a phase (its Nsight Compute profile), every phase side by side (the results chapter), and
+flashcore_nb.attention over the grid (the chapter "Choosing a kernel")."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
-from . import accuracy, budget, build, results, roofline, shapes
+from . import accuracy, budget, build, profile, results, roofline, shapes
 from .bench import BASELINES, TRITON, baseline_us, time_ratio
 from .phases import get
 from .shapes import Case
@@ -67,6 +69,34 @@ def ablation(rows: pd.DataFrame, cases: list[str]) -> pd.DataFrame:
     return table
 
 
+def rungs(frame: pd.DataFrame) -> pd.DataFrame:
+    """A rungs record (experiments.rung_frame) one rung per row: what it adds, its status, ptxas registers
+    and spill bytes, and each case's GPU time (median over the rounds)."""
+    first = frame.drop_duplicates("rung").set_index("rung")
+    table = pd.DataFrame({"rung": first.index, "adds": first["variant"].to_numpy(),
+                          "status": first["status"].to_numpy(), "registers": first["registers"].to_numpy(),
+                          "spill bytes": first["spill_bytes"].to_numpy()})
+    times = frame.pivot(index="rung", columns="case", values="gpu_us")
+    for case in frame["case"].unique():
+        table[f"{case} µs"] = times[case].to_numpy()
+    return table
+
+
+def rung(frame: pd.DataFrame, number: int) -> pd.DataFrame:
+    """One rung of experiments.rung_frame, one row per case: GPU time and spread over the rounds, and three
+    ratios paired over the rounds in which both were timed: the speed-up over the rung before (its GPU time
+    over this one's; none for the first rung), and this rung's GPU time over SDPA default's and over the
+    defaults' (the last rung)."""
+    part = frame[frame["rung"] == number]
+    table = pd.DataFrame({"case": part["case"], "GPU µs": part["gpu_us"],
+                          "spread %": 100.0 * (part["gpu_us_max"] - part["gpu_us_min"]) / part["gpu_us"]})
+    if number > 1:
+        table[f"speed-up over rung {number - 1}"] = part["speedup"]
+    table["time / SDPA default"] = part["vs_sdpa"]
+    table["time / defaults"] = part["vs_defaults"]
+    return table.reset_index(drop=True)
+
+
 def key_split(rows: pd.DataFrame) -> pd.DataFrame:
     """experiments.key_split_runs by the large-tile grid's size: its CTAs and share of the SMs, both paths'
     GPU time, the key split's over the large tiles' (paired), the path the defaults take, and their GPU
@@ -119,6 +149,39 @@ def accuracy_cost(record: dict) -> pd.DataFrame:
     return table.reset_index()
 
 
+TOP_STALLS = 3
+
+
+def limits(record: dict) -> pd.DataFrame:
+    """A phase's recorded profile (profile.py), a row per case: registers, achieved occupancy, warps per
+    scheduler and how many of them can issue, tensor-pipe and issue-slot busy shares, the share of
+    shared-memory wavefronts that bank conflicts add, the cycles between two instructions of a warp, and
+    the largest stall reasons in them. Counters a record predates read NaN."""
+    rows = []
+    for run in record["rows"]:
+        def counter(key):
+            return run.get(key, math.nan)
+        # a phase issues mma.sync or wgmma, each counted on its own side of the tensor pipe
+        tensor = max((x for x in (counter("tensor_pipe_pct"), counter("gmma_pipe_pct")) if not math.isnan(x)),
+                     default=math.nan)
+        wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
+        conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
+        row = {"case": run["case"], "registers": int(run["registers"]),
+               "occupancy %": counter("achieved_occupancy_pct"), "warps / scheduler": counter("warps_per_scheduler"),
+               "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": tensor,
+               "issue busy %": counter("issue_busy_pct"),
+               "bank-conflict wavefronts %": 100.0 * conflicts / wavefronts if wavefronts else math.nan,
+               "cycles / issue": counter("cycles_per_issue")}
+        # "selected" is the issue itself, one cycle per instruction: not a wait
+        stalls = sorted(((cycles, reason) for reason, cycles in run["stalls"].items() if reason != "selected"),
+                        reverse=True)
+        for i in range(TOP_STALLS):
+            row[f"stall {i + 1}"] = (f"{profile.stall_label(stalls[i][1])} {stalls[i][0]:.2f}"
+                                     if i < len(stalls) else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, str]:
     """Per-arch stats compiled now with nvcc when it is here (any machine), else the record's. ptxas
     sees only static shared memory; for phases that ask for theirs at launch, the dynamic size is
@@ -141,6 +204,21 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
             table[f"dynamic smem bytes (D={head_dim})"] = [
                 budget.smem_bytes(phase_name, head_dim, phase.tile_params_for(cc)) for cc in ccs]
     return table, source
+
+
+def ptxas_builds(phase_name: str, builds: dict[str, dict], cc: int = 90) -> pd.DataFrame:
+    """ptxas stats compiled now with nvcc (no GPU needed) of several builds of one phase, label -> defines
+    over its defaults on a GPU of compute capability `cc`: per build, its worst kernel's registers, spills
+    and stack (the build holds every head dim, dtype and launch path)."""
+    from concurrent.futures import ThreadPoolExecutor
+    phase = get(phase_name)
+
+    def stats(defines: dict) -> build.PtxasStats:
+        return build.compile_only(phase.kernel_file, cc, {**phase.tile_params_for(cc), **defines}, phase.arch_specific)
+    with ThreadPoolExecutor() as pool:   # nvcc runs in its own process: threads compile in parallel
+        compiled = list(pool.map(stats, builds.values()))
+    table = pd.DataFrame([{"build": label, "arch": phase.arch_name(cc), **vars(row)} for label, row in zip(builds, compiled)])
+    return table.drop(columns=["smem_bytes", "kernels"])
 
 
 def steps(records: list[dict], cases=("mission", "b16h16_s512"), labels: list[str] | None = None) -> pd.DataFrame:

@@ -31,8 +31,8 @@ def test_gpu_commands_refuse_clearly_without_a_gpu():
 def test_help_lists_every_verb():
     proc = run("--help")
     assert proc.returncode == 0
-    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "profile", "peaks", "drift", "accuracy", "grid",
-                 "seqlen", "figures"):
+    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks", "drift", "accuracy",
+                 "grid", "seqlen", "figures"):
         assert verb in proc.stdout, verb
 
 
@@ -59,3 +59,13 @@ def test_figures_writes_the_ladder_without_a_gpu(tmp_path):
     proc = run("figures", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert Image.open(out).text["Source"] == results.digest(results.recorded_phases()[0])
+
+
+def test_rungs_names_the_phases_that_have_rungs():
+    proc = run("rungs", "--phase", "p01_baseline")
+    assert proc.returncode == 2 and "rungs needs --phase one of ['p07_registers']" in proc.stderr
+
+
+def test_rungs_needs_a_gpu():
+    proc = run("rungs", "--phase", "p07_registers")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr

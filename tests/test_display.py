@@ -33,3 +33,14 @@ def test_correctness_is_a_line_per_dtype_with_the_table_folded_under_it(monkeypa
     assert folded.count("<tr>") == len(runs) + 1            # every check, and the header row
     runs.loc[0, "passed"], runs.loc[0, "unwritten"] = False, 3
     assert "19 of 20 cases pass (failed: mission), 3 outputs unwritten" in display.correctness(runs).data
+
+
+def test_kernel_excerpt_starts_below_after_where_a_line_occurs_twice():
+    loop = "for (int tile = 0; tile < work.num_tiles; ++tile, ++step) {"
+    first = display.kernel_excerpt("p07_registers.cu", loop, "}").data
+    second = display.kernel_excerpt("p07_registers.cu", loop, "}", after="= s_next[mt][j][e];").data
+    lines = get("p07_registers").kernel_file.read_text().splitlines()
+    starts = [i + 1 for i, line in enumerate(lines) if loop in line]
+    assert len(starts) == 2
+    assert first.startswith(f"// kernels/p07_registers.cu, lines {starts[0]}-")
+    assert second.startswith(f"// kernels/p07_registers.cu, lines {starts[1]}-")

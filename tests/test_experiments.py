@@ -165,3 +165,111 @@ def test_fa2_drift_record_supports_the_methodology_page():
     for case, ratios in paired.groupby("case")["FA2 / cuDNN"]:
         assert ratios.max() / ratios.min() < 1.1, case
     assert (paired["SM MHz after"] < paired["SM MHz before"]).mean() > 0.5
+
+
+# --- chapter 7's rungs: the registry, the pairing, and a synthetic record --------------------------------
+
+H100 = GpuInfo("NVIDIA H100 80GB HBM3", 90, 132, 232448, 80 << 30, "test")
+
+
+@pytest.mark.parametrize("phase_name", list(experiments.RUNGS))
+def test_rungs_are_cumulative_and_end_at_the_defaults(phase_name):
+    phase = PHASES[phase_name]
+    rungs = list(experiments.RUNGS[phase_name].values())
+    first = rungs[0]
+    assert set(first) <= set(phase.tile_params) and all(first[k] != phase.tile_params[k] for k in first)
+    for before, after in zip(rungs, rungs[1:]):
+        # each rung gives some of the first rung's switches back to the defaults, and keeps the others
+        assert after.items() < before.items(), (before, after)
+    assert rungs[-1] == {}
+
+
+def _fake_sweep(monkeypatch):
+    """run_sweep with nothing compiled or timed: each configuration's references as the row records them."""
+    from flashcore_nb import binding
+    monkeypatch.setattr(env, "gpu", lambda index=None: H100)
+    monkeypatch.setattr(experiments, "prebuild_all", lambda phase_name, configs, cc: {})
+    monkeypatch.setattr(binding, "load", lambda phase_name, **defines: dict(defines))
+
+    def config(phase_name, params, check_cases, timing_cases, references):
+        return {**params, "status": "ok", "references": references,
+                **{f"{case.name}_sdpa_us": 1.0 for case in timing_cases}}
+    monkeypatch.setattr(experiments, "run_sweep_config", config)
+
+
+def test_each_rung_is_timed_against_the_defaults_and_the_rung_before(monkeypatch):
+    _fake_sweep(monkeypatch)
+    configs = list(experiments.RUNGS["p07_registers"].values())
+    rows, _ = experiments.run_sweep("p07_registers", configs, progress=lambda line: None, against_defaults=True,
+                                    against_previous=True)
+    assert rows[0]["references"] == {"defaults": {}}
+    for previous, row in zip(configs, rows[1:]):
+        assert row["references"] == {"defaults": {}, "previous": previous}
+    ablations, _ = experiments.run_sweep("p07_registers", configs, progress=lambda line: None, against_defaults=True)
+    assert all(row["references"] == {"defaults": {}} for row in ablations)
+
+
+def synthetic_rung_rows() -> list[dict]:
+    """Rows as record_variants writes them for the rungs, with made-up times: each rung 1.6x faster than the
+    one before, in every case."""
+    variants = experiments.RUNGS["p07_registers"]
+    rows = []
+    for i, (label, defines) in enumerate(variants.items()):
+        row = {**defines, "variant": label, "status": "ok", "message": "", "registers": 160 + 15 * i,
+               "spill_bytes": 8 if i >= 3 else 0}
+        for case in shapes.TIMING:
+            slower, sdpa = 1.6 ** (len(variants) - 1 - i), case.flops() / 1.2e8
+            us = case.flops() / 1e8 * slower
+            row.update({f"{case.name}_us": us, f"{case.name}_spread_us": [0.98 * us, 1.03 * us],
+                        f"{case.name}_sdpa_us": sdpa, f"{case.name}_vs_sdpa": us / sdpa,
+                        f"{case.name}_vs_defaults": slower, f"{case.name}_sm_clock_mhz": [1980.0, 1980.0]})
+            if i:
+                row[f"{case.name}_vs_previous"] = 1 / 1.6
+        rows.append(row)
+    return rows
+
+
+def synthetic_rungs_record() -> dict:
+    record = experiments.make_record(experiments.variants_name("p07_registers", "rung"), "p07_registers",
+                                     experiments.RUNGS["p07_registers"], synthetic_rung_rows())
+    record["env"] = {**results.load("p07_registers")["env"]}   # as recorded on the book's GPU
+    record["sdpa"] = {}
+    return record
+
+
+def test_a_rungs_record_is_written_loaded_and_goes_stale(tmp_path, kernels_copy):
+    record = synthetic_rungs_record()
+    path = results.write(record, root=tmp_path)
+    assert path == results.experiment_path("p07_registers_rungs", results.DEFAULT_GPU, tmp_path)
+    assert experiments.load_rungs("p07_registers", root=tmp_path)["rows"] == record["rows"]
+    assert experiments.load_rungs("p07_registers", root=tmp_path / "nowhere") is None
+    assert "python -m flashcore_nb rungs --phase p07_registers" in experiments.rungs_missing_message("p07_registers")
+    assert experiments.stale_builds(record) == []
+    source = kernels_copy / "p07_registers.cu"
+    source.write_text(source.read_text() + "\n// an edit\n")
+    assert experiments.stale_builds(record) == list(experiments.RUNGS["p07_registers"])
+
+
+def test_the_rungs_frame_tables_and_figure_read_a_record():
+    import matplotlib.pyplot as plt
+
+    from flashcore_nb import display, plots
+    record = synthetic_rungs_record()
+    frame = experiments.rung_frame(record)
+    rungs, cases = len(experiments.RUNGS["p07_registers"]), [case.name for case in shapes.TIMING]
+    assert len(frame) == rungs * len(cases) and list(frame["case"].unique()) == cases
+    assert frame.loc[frame["rung"] == 1, "speedup"].isna().all()
+    assert (frame.loc[frame["rung"] > 1, "speedup"] - 1.6).abs().max() < 1e-9
+    summary = tables.rungs(frame)
+    assert list(summary["rung"]) == list(range(1, rungs + 1))
+    assert list(summary["adds"]) == list(experiments.RUNGS["p07_registers"])
+    assert [f"{case} µs" for case in cases] == list(summary.columns[-len(cases):])
+    assert "speed-up over rung 0" not in tables.rung(frame, 1).columns
+    last = tables.rung(frame, rungs)
+    assert list(last["case"]) == cases and (last["time / defaults"] == 1.0).all()
+    assert f"speed-up over rung {rungs - 1}" in last.columns
+    assert "Rung 2: + swizzled shared memory" in display.rung(frame, 2).data
+    assert "not measured on this GPU yet" in display.rung(None, 2).data
+    figure = plots.rungs(frame, experiments.provenance(record))
+    assert sum(ax.get_visible() for ax in figure.axes) == len(cases)
+    plt.close(figure)

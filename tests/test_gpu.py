@@ -458,3 +458,22 @@ def test_the_seqlen_sweep_steps_on_one_case(cuda, monkeypatch, tmp_path):
     assert len(tables.seqlen_wins(frame)) == 1 and len(tables.seqlen_tflops(frame)) == 1
     plots.seqlen_curves(frame, "one case", one_wave=seqlen.one_wave_seqlen(record))
     plt.close("all")
+
+
+def test_the_rungs_step_on_one_case(cuda, monkeypatch, tmp_path):
+    """What `python -m flashcore_nb rungs` does, on two check cases and the mission shape with one round: every
+    rung compiled, checked and timed beside SDPA default, the defaults and the rung before, the record written
+    with its builds, and the frame the chapter reads from it."""
+    from flashcore_nb import experiments
+    monkeypatch.setattr(experiments, "EXPERIMENT_ROUNDS", 1)
+    monkeypatch.setattr(experiments, "VARIANT_CHECK_CASES", ("mission", "s17"))
+    monkeypatch.setattr(experiments, "VARIANT_TIMING_CASES", ("mission",))
+    for name, rungs in experiments.RUNGS.items():
+        experiments.record_variants(name, "rung", root=tmp_path)
+        record = experiments.load_rungs(name, env.gpu_slug(env.gpu().name), root=tmp_path)
+        assert [row["variant"] for row in record["rows"]] == list(rungs)
+        assert all(row["status"] == "ok" for row in record["rows"]), [row["message"] for row in record["rows"]]
+        assert experiments.stale_builds(record) == []
+        frame = experiments.rung_frame(record)
+        assert len(frame) == len(rungs) and (frame["gpu_us"] > 0).all()
+        assert frame["speedup"].iloc[1:].notna().all() and frame["vs_defaults"].notna().all()

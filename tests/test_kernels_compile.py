@@ -1,6 +1,8 @@
 """Every kernel compiles with plain nvcc (no GPU, no torch) for every arch its phase declares; the
 kernels' source rules hold (no torch, each device helper once, no process-wide launch caches); the
 Hopper primitives in kernels/common compile, link without libcuda, and run where there is an H100."""
+import dataclasses
+import json
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,20 @@ def test_compiles_with_ptxas_stats(name, cc, default_build_stats):
     assert stats.kernels >= 1 and stats.registers > 0
     budget = phase.spill_budget_bytes
     assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{name} spills on sm_{cc}: {stats}"
+
+
+# Every rung but the last (the defaults, compiled above), for every arch of its phase.
+RUNG_CASES = [(name, label, defines, cc) for name, phase in PHASES.items()
+              for label, defines in phase.variants_tagged("rung").items() if defines for cc in phase.archs]
+
+
+@pytest.mark.parametrize("name,label,defines,cc", RUNG_CASES, ids=[f"{n}-{l}-sm_{cc}" for n, l, _, cc in RUNG_CASES])
+def test_rungs_compile_within_the_spill_budget(name, label, defines, cc):
+    """A chapter's rungs are measured builds: none may spill more than its phase's defaults are allowed to."""
+    phase = PHASES[name]
+    stats = build.compile_only(phase.kernel_file, cc, {**phase.tile_params_for(cc), **defines}, phase.arch_specific)
+    budget = phase.spill_budget_bytes
+    assert stats.spill_stores <= budget and stats.spill_loads <= budget, f"{label} spills on sm_{cc}: {stats}"
 
 
 def test_invalid_tile_parameters_fail_with_the_reason():
@@ -252,3 +268,16 @@ def test_hopper_primitives_on_an_h100(hopper_executable):
     if ran.stdout.startswith("not an sm_90 GPU"):
         pytest.skip(ran.stdout.strip())
     assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stdout + ran.stderr
+
+
+# --- ptxas stats are kept per build ---------------------------------------------------------------
+
+def test_ptxas_stats_are_kept_per_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_BUILD_DIR", str(tmp_path))
+    phase = PHASES["p02_vectorized"]
+    first = build.compile_only(phase.kernel_file, 80, phase.tile_params)
+    [kept] = (tmp_path / "ptxas").iterdir()
+    kept.write_text(json.dumps({**dataclasses.asdict(first), "registers": 999}))   # read back, not recompiled
+    assert build.compile_only(phase.kernel_file, 80, phase.tile_params).registers == 999
+    assert build.compile_only(phase.kernel_file, 80, {**phase.tile_params, "AN_UNUSED_DEFINE": 1}) == first
+    assert len(list((tmp_path / "ptxas").iterdir())) == 2

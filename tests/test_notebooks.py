@@ -52,3 +52,24 @@ def test_every_notebook_starts_with_the_colab_setup_cell():
         nb = nbformat.read(path, as_version=4)
         setup = next(c for c in nb.cells if c.cell_type == "code")
         assert "google.colab" in setup.source and f"git clone --depth 1 {REPO_URL}" in setup.source
+
+
+def test_chapter_07_shows_its_rungs_in_short_excerpts_and_folds_the_whole_file():
+    """Issue 15: no whole-file dump on the page, an excerpt of at most ~80 lines per rung, and a measurement
+    per rung (display.rung) after its excerpts."""
+    from flashcore_nb import display
+    from flashcore_nb.phases import PHASES
+    cells = nbformat.read(NOTEBOOKS_DIR / "07_registers.ipynb", as_version=4).cells
+    code = [cell for cell in cells if cell.cell_type == "code"]
+    for cell in code:
+        if "kernel_source(" in cell.source:
+            assert "hide-output" in cell.metadata.get("tags", []), cell.source
+    shown, rungs = 0, []
+    for cell in code:
+        if "display.kernel_excerpt(" in cell.source:
+            shown += eval(cell.source, {"display": display}).data.count("\n")   # the excerpt's lines, header included
+        elif cell.source.startswith("display.rung("):
+            assert 0 < shown <= 80, f"{cell.source}: {shown} lines of excerpts"
+            rungs.append(cell.source)
+            shown = 0
+    assert rungs == [f"display.rung(rungs, {n})" for n in range(1, len(PHASES["p07_registers"].variants_tagged("rung")) + 1)]

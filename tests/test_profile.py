@@ -1,44 +1,171 @@
-"""Chapter 7's profile: parsing ncu's raw CSV page, and the recorded counters."""
+"""Each phase's Nsight Compute profile: the cases, the ncu command, parsing its raw CSV page, the recorded
+counters, the "What limits it now" table, and the CLI verb."""
+import csv
+import io
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from flashcore_nb import profile
+from flashcore_nb import cli, experiments, profile, shapes, tables
+from flashcore_nb.phases import PHASES
 
 FIXTURE = Path(__file__).parent / "data" / "ncu_raw_page.csv"   # trimmed from a real H100 run
+# the counters of the first records (chapter 7's), which the fixture holds
+FIRST_COUNTERS = {key: profile.COUNTERS[key]
+                  for key in ("duration_ns", "registers", "tensor_pipe_pct", "issue_busy_pct", "warps_per_scheduler",
+                              "eligible_per_scheduler", "cycles_per_issue")}
+TIMING = {case.name: case for case in shapes.TIMING}
 
 
-def test_parse_reads_the_counters_and_the_nonzero_stalls():
-    row = profile.parse(FIXTURE.read_text())
+def raw_page(kernels: list[dict]) -> str:
+    """ncu's raw page for several kernels, as `--csv --page raw` prints it (metric -> value per kernel)."""
+    names = list(kernels[0])
+    out = io.StringIO()
+    writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    writer.writerow(["ID", "Kernel Name", *names])
+    writer.writerow(["", "", *("" for _ in names)])
+    for i, values in enumerate(kernels):
+        writer.writerow([str(i), "void attention_wgmma_kernel<__half, 64>(FlashParams)", *values.values()])
+    return "==PROF== Connected to process 7\n" + out.getvalue() + "==PROF== Disconnected from process 7\n"
+
+
+def kernel(**overrides) -> dict:
+    metrics = {metric: "1" for metric in profile.counters_for(90).values()}
+    metrics.update({
+        profile.COUNTERS["registers"]: "168", profile.COUNTERS["duration_ns"]: "1,234,560",
+        profile.COUNTERS["achieved_occupancy_pct"]: "24.5", profile.HOPPER_COUNTERS["gmma_pipe_pct"]: "61.2",
+        profile.COUNTERS["tensor_pipe_pct"]: "0",
+        profile.COUNTERS["smem_ld_conflicts"]: "1,000", profile.COUNTERS["smem_st_conflicts"]: "500",
+        profile.COUNTERS["smem_ld_wavefronts"]: "9,000", profile.COUNTERS["smem_st_wavefronts"]: "1,000",
+        "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio": "2.5",
+        "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio": "1",
+        "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "0.75",
+        "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": "0",
+    })
+    metrics.update(overrides)
+    return metrics
+
+
+# --- parsing ------------------------------------------------------------------------------------------
+
+def test_parse_reads_the_first_counters_and_the_nonzero_stalls():
+    [row] = profile.parse(FIXTURE.read_text(), FIRST_COUNTERS)
     assert row["duration_ns"] == 69056 and row["registers"] == 243
     assert row["tensor_pipe_pct"] == pytest.approx(42.01) and row["issue_busy_pct"] == pytest.approx(42.08)
     assert row["warps_per_scheduler"] == pytest.approx(1.93) and row["cycles_per_issue"] == pytest.approx(4.59)
     assert row["stalls"] == {"wait": pytest.approx(1.71), "selected": pytest.approx(1.0)}   # gmma's 0 left out
 
 
+def test_parse_reads_one_row_per_kernel_with_the_new_counters():
+    text = raw_page([kernel(), kernel(**{profile.COUNTERS["registers"]: "255"})])
+    first, second = profile.parse(text, profile.counters_for(90))
+    assert first["duration_ns"] == 1234560 and first["achieved_occupancy_pct"] == pytest.approx(24.5)
+    assert first["gmma_pipe_pct"] == pytest.approx(61.2) and first["smem_st_wavefronts"] == 1000
+    assert first["stalls"] == {"gmma": 2.5, "selected": 1.0, "barrier": 0.75}
+    assert second["registers"] == 255
+
+
 def test_parse_refuses_output_without_the_table_or_a_counter():
     with pytest.raises(ValueError, match="no CSV table"):
         profile.parse("==PROF== Disconnected from process 1\n")
-    header, units, values = FIXTURE.read_text().splitlines()[3:6]
-    cut = [",".join(line.split(",")[:3]) for line in (header, units, values)]
-    with pytest.raises(ValueError, match="lacks"):
-        profile.parse("\n".join(cut))
+    without_conflicts = kernel()
+    del without_conflicts[profile.COUNTERS["smem_ld_conflicts"]]
+    with pytest.raises(ValueError, match="bank_conflicts"):
+        profile.parse(raw_page([without_conflicts]))
+    # the Hopper counter is asked of a Hopper report only
+    assert profile.parse(raw_page([without_conflicts]), {"registers": profile.COUNTERS["registers"]})
 
 
-def test_command_profiles_one_warm_launch_with_the_clocks_left_alone():
-    cmd = profile.command("b4h16_s2048")
+# --- cases and command --------------------------------------------------------------------------------
+
+def test_every_phase_profiles_a_large_problem_at_each_head_dim():
+    for name, phase in PHASES.items():
+        cases = [TIMING[case] for case in phase.profile_cases]   # KeyError: not a timing case
+        assert len(set(phase.profile_cases)) == len(cases), name
+        large = [case for case in cases if case.batch * case.heads * case.seqlen_q >= 4 * 16 * 2048]
+        assert {case.head_dim for case in large} == {64, 128}, name
+        assert all(case.head_dim in phase.head_dims and (phase.causal or not case.causal) for case in cases), name
+    # the small-problem phases at the mission shape too; chapter 7's four shapes first, as recorded
+    assert "mission" in PHASES["p07_registers"].profile_cases and "mission" in PHASES["p10_splitkv"].profile_cases
+    assert PHASES["p07_registers"].profile_cases[:4] == ("b16h16_s512", "b4h16_s2048", "b4h16_s2048_causal",
+                                                         "b2h16_s4096_d128")
+
+
+def test_command_profiles_every_case_in_one_process_with_the_clocks_left_alone():
+    cmd = profile.command("p07_registers", 90)
     assert cmd[0] == "ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
-    assert cmd[cmd.index("--launch-skip") + 1] == str(profile.LAUNCHES_SKIPPED)
-    assert cmd[-4:] == ["-m", "flashcore_nb.profile", profile.PHASE, "b4h16_s2048"]
-    # only the phase's own kernel, by the registry's name for it
+    # only the launches the program brackets with cudaProfilerStart/Stop, and only the phase's own kernel
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off"
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:attention_registers_kernel"
-    assert profile.command("mission", "p08_wgmma")[-2:] == ["p08_wgmma", "mission"]
+    program = ["flashcore_nb.profile", "p07_registers", *PHASES["p07_registers"].profile_cases]
+    assert cmd[cmd.index("-m") + 1:] == program
+    metrics = cmd[cmd.index("--metrics") + 1].split(",")
+    assert set(metrics) == set(profile.COUNTERS.values()) | set(profile.HOPPER_COUNTERS.values())
+    assert cmd[cmd.index("--section") + 1] == "WarpStateStats"
 
 
-def test_recorded_profile_covers_the_cases_and_its_stalls_add_up():
+def test_command_asks_for_the_wgmma_counter_on_hopper_only():
+    on_a100 = profile.command("p10_splitkv", 80)
+    assert profile.HOPPER_COUNTERS["gmma_pipe_pct"] not in on_a100[on_a100.index("--metrics") + 1]
+    assert on_a100[-3:] == ["b4h16_s2048", "b2h16_s4096_d128", "mission"]
+
+
+# --- records and the table ----------------------------------------------------------------------------
+
+def record_of(rows: list[dict]) -> dict:
+    return {"rows": rows}
+
+
+def test_limits_reads_a_record_with_every_counter():
+    [row] = profile.parse(raw_page([kernel()]), profile.counters_for(90))
+    table = tables.limits(record_of([{"case": "b4h16_s2048", **row}]))
+    first = table.iloc[0]
+    assert first["registers"] == 168 and first["occupancy %"] == pytest.approx(24.5)
+    assert first["tensor pipe %"] == pytest.approx(61.2)   # wgmma's side of the pipe: the larger of the two
+    assert first["bank-conflict wavefronts %"] == pytest.approx(15.0)   # 1,500 of 10,000
+    # "selected" (the issue itself) is not a stall; the rest by size
+    assert list(first[["stall 1", "stall 2", "stall 3"]]) == ["gmma 2.50", "barrier (__syncthreads) 0.75", ""]
+
+
+def test_limits_reads_a_record_from_before_the_new_counters():
+    recorded = experiments.load(profile.record_name("p07_registers"))
+    table = tables.limits(recorded)
+    assert list(table["case"]) == [row["case"] for row in recorded["rows"]]
+    assert table["occupancy %"].isna().all() and table["bank-conflict wavefronts %"].isna().all()
+    assert (table["tensor pipe %"] == [row["tensor_pipe_pct"] for row in recorded["rows"]]).all()
+    assert table["stall 1"].str.startswith("fixed-latency wait").all()
+
+
+def test_recorded_profile_covers_the_phases_cases_and_its_stalls_add_up():
     frame, provenance = profile.runs()
-    assert list(frame["case"]) == list(profile.CASES) and "STALE" not in provenance
+    cases = list(PHASES[profile.PHASE].profile_cases)
+    assert list(frame["case"]) == cases[:len(frame)] and "STALE" not in provenance
     for _, row in frame.iterrows():
         stalls = sum(row[label] for label in [*profile.STALL_LABELS.values(), "other"])
         assert stalls == pytest.approx(row["cycles_per_issue"], rel=0.05), row["case"]
         assert 0 < row["tensor_pipe_pct"] < 100 and 0 < row["eligible_per_scheduler"] < row["warps_per_scheduler"]
+    assert math.isnan(frame["achieved_occupancy_pct"].iloc[0])   # a counter this record predates
+
+
+def test_limits_table_says_what_to_run_where_nothing_is_recorded():
+    table, line = profile.limits_table("p07_registers", gpu_slug="nvidia-t4")
+    assert table is None and "python -m flashcore_nb profile --phase p07_registers" in line
+    table, line = profile.limits_table("p07_registers")
+    assert "recorded on NVIDIA H100" in line and "fixed-latency wait" in table.to_html()
+
+
+# --- the CLI verb -------------------------------------------------------------------------------------
+
+def test_cli_profiles_each_phase_the_gpu_runs_and_says_which_it_skips(monkeypatch, capsys):
+    recorded, built = [], []
+    monkeypatch.setattr(cli.env, "gpu", lambda: SimpleNamespace(cc=80))
+    monkeypatch.setattr(profile, "prebuild", lambda names, cc: built.extend(names))
+    monkeypatch.setattr(profile, "record", lambda name, cc: recorded.append((name, cc)) or f"{name}.json")
+    assert cli.main(["profile"]) == 0
+    runnable = [name for name, phase in PHASES.items() if phase.runs_on(80)]
+    assert built == runnable and recorded == [(name, 80) for name in runnable]
+    assert "p08_wgmma: skipped, it needs an sm_90 GPU" in capsys.readouterr().out
+    recorded.clear()
+    assert cli.main(["profile", "--phase", "p10_splitkv"]) == 0 and recorded == [("p10_splitkv", 80)]
