@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Buffer, p07_tiles and p08_tiles are the registry's; chapters read them here, beside the budget they explain.
-from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles, p10_block_m  # noqa: F401
+# Buffer and the p07-p10 tile helpers are the registry's; chapters read them here, beside the budget they explain.
+from .phases import PHASES, WARP, Buffer, get, p07_tiles, p08_tiles, p09_tiles, p10_block_m  # noqa: F401
 
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays stop here; past it, dynamic smem and opt-in
 
