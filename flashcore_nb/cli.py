@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,split,accuracy,grid,seqlen,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,split,accuracy,grid,seqlen,trace,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench + ptxas into results/<gpu>/<phase>.json; stats: ptxas per arch
@@ -19,8 +19,10 @@ every candidate phase and SDPA backend over the grid of shapes, the tuning table
 reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as
 curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal
 or not, 16 heads, checked and timed in the same rounds (the results chapter; --shapes for a subset of
-shapes.SEQLEN_SWEEP). From precision on, each writes results/<gpu>/experiments/. figures: the README's ladder figure
-from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
+shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec): its instrumented builds
+(TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a couple of cases (--shapes to
+choose), for the chapter's timeline figure. From precision on, each writes results/<gpu>/experiments/. figures:
+the README's ladder figure from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import sys
 import pandas as pd
 
 from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize,
-               seqlen, shapes)
+               seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
-                                            "drift", "split", "accuracy", "grid", "seqlen", "figures"])
+                                            "drift", "split", "accuracy", "grid", "seqlen", "trace", "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -75,6 +77,9 @@ def main(argv=None) -> int:
         if not chosen:
             print(f"{args.command} needs --phase one of {sorted(recorded)} (or all)", file=sys.stderr)
             return 2
+    if args.command == "trace" and not set(names) & set(trace.TRACED):
+        print(f"trace needs --phase one of {trace.TRACED} (or all)", file=sys.stderr)
+        return 2
 
     if env.gpu() is None:
         print(f"'{args.command}' needs a CUDA GPU", file=sys.stderr)
@@ -100,6 +105,10 @@ def main(argv=None) -> int:
         for name in runnable:
             print(f"{name}: {', '.join(get(name).profile_cases)} under ncu", flush=True)
             print("wrote", profile.record(name, cc), flush=True)
+        return 0
+    if args.command == "trace":
+        for name in (n for n in names if n in trace.TRACED):
+            print("wrote", trace.record(name, shapes.select(args.shapes or ",".join(trace.CASES))), flush=True)
         return 0
     if args.command == "accuracy":
         cc = env.gpu().cc

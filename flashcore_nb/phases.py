@@ -57,7 +57,9 @@ class Variant:
     built up a technique or two at a time, each rung keeping every earlier one's, the last rung the
     defaults themselves ({}; see rungs()); each is timed against the defaults and the rung before it;
     "sanitize": an extra compute-sanitizer target beside the defaults;
-    "test": the GPU suite checks it on the whole shape suite (it must be correct)."""
+    "test": the GPU suite checks it on the whole shape suite (it must be correct);
+    "trace": an instrumented build (TRACE=1, kernels/common/trace.cuh) of the phase's trace record (trace.py):
+    a measured timeline of one CTA, never a timing."""
     label: str
     defines: dict
     tags: frozenset[str]
@@ -526,9 +528,10 @@ _REGISTRY = [
         aligned_16b=True,         # TMA: 16-byte aligned bases and strides
         # Sized from the budget (not yet measured): D = 64 keeps three stages of 128-key tiles (112 KB),
         # D = 128 two (160 KB); two consumer warpgroups, so that ping-pong has a partner.
+        # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
         tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 2,
-                     "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1},
+                     "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         variants=(
@@ -554,6 +557,10 @@ _REGISTRY = [
             # (three at D = 128 spill: 160 registers do not hold Q, O and S there)
             variant("three consumers, 64-key tiles, no overlap (D=64)",
                     {"CONSUMERS": 3, "PINGPONG": 0, "OVERLAP": 0, "BLOCK_N": 64}, "test"),
+            # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
+            variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
+            variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
+            variant("no ping-pong, no overlap (TRACE=1)", {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0}, "trace"),
         ),
     ),
     Phase(

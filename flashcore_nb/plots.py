@@ -717,3 +717,63 @@ def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None
     fig.suptitle(title, fontsize=7)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     return fig
+
+
+# --- one CTA's measured timeline (trace.py) -----------------------------------------------------------------
+
+# (legend, colour) of each kind of span: the three full barriers share one.
+TRACE_SPANS = {"Q wait": ("waiting for a full barrier (Q, K, V)", "#d62728"),
+               "K wait": ("waiting for a full barrier (Q, K, V)", "#d62728"),
+               "V wait": ("waiting for a full barrier (Q, K, V)", "#d62728"),
+               "empty wait": ("waiting for an empty buffer", "#ff9896"),
+               "turn wait": ("waiting for its turn (ping-pong)", "#c7c7c7"),
+               "Q·Kᵀ": ("Q·Kᵀ in flight (issued to seen done)", "#1f77b4"),
+               "P·V": ("P·V in flight (issued to seen done)", "#2ca02c"),
+               "softmax": ("softmax", "#ff7f0e"), "epilogue": ("epilogue", "#8c564b")}
+TRACE_MARKERS = {"QIssue": ("v", "Q issued (TMA)"), "KVIssue": ("|", "K and V issued (TMA)")}
+
+
+def timeline(record: dict, case: str, build: str | None = None, tiles: int = 6):
+    """One CTA's measured timeline from a trace record (trace.py): a row per warpgroup (the producer; per
+    consumer the recording warp, and its Q·Kᵀ and P·V wgmmas from issue to the wait that saw them done), time in
+    µs from the CTA's first stamp, up to the end of the first `tiles` key tiles of its first work item; the
+    producer's TMA issues as markers, numbered by key tile. `build`: a label of the record's builds (default: its
+    first)."""
+    from . import experiments, trace
+    build = build or record["rows"][0]["build"]
+    row = trace.row(record, case, build)
+    events = trace.events_frame(row)
+    spans = trace.spans(events)
+    us = row["ns_per_cycle"] / 1000
+    end = spans.loc[(spans["item"] == 0) & spans["tile"].between(0, tiles - 1), "end"].max()
+    lanes = [(role, lane) for role in sorted(events["role"].unique())
+             for lane in (("TMA",) if role == 0 else ("warp 0", "Q·Kᵀ", "P·V"))]
+    y = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(lanes) + 2.0))
+    shown = spans[spans["start"] < end]
+    for (role, name), group in shown.groupby(["role", "span"]):
+        lane = (role, "TMA" if role == 0 else name if name in ("Q·Kᵀ", "P·V") else "warp 0")
+        height = 0.8 if lane[1] in ("TMA", "warp 0") else 0.6
+        ax.broken_barh([(start * us, (min(stop, end) - start) * us) for start, stop in zip(group["start"], group["end"])],
+                       (y[lane] - height / 2, height), color=TRACE_SPANS[name][1])
+    issues = events[(events["role"] == 0) & (events["cycles"] <= end) & events["kind"].isin(list(TRACE_MARKERS))]
+    for kind, group in issues.groupby("kind"):
+        ax.scatter(group["cycles"] * us, [y[(0, "TMA")]] * len(group), marker=TRACE_MARKERS[kind][0], s=90,
+                   color="black", zorder=3)
+    for cycles, tile in issues.loc[issues["kind"] == "KVIssue", ["cycles", "tile"]].itertuples(index=False):
+        ax.text(cycles * us, y[(0, "TMA")] + 0.45, str(tile), ha="center", fontsize=7)
+    ax.set_yticks(list(y.values()), [f"{trace.role_name(role)}: {lane}" for role, lane in y])
+    ax.set_xlim(-0.01 * end * us, end * us)   # the first marker whole
+    ax.set_ylim(-0.6, len(lanes) - 0.2)
+    ax.set_xlabel("time since the CTA's first stamp (µs)")
+    ax.grid(axis="x", alpha=0.3)
+    legend = dict.fromkeys(TRACE_SPANS[name] for name in shown["span"])
+    handles = [Patch(color=color, label=label) for label, color in legend]
+    handles += [Line2D([], [], marker=marker, color="black", linestyle="", label=label)
+                for marker, label in TRACE_MARKERS.values()]
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    ax.set_title(f"{build}, {case}: CTA 0, the first {tiles} key tiles of its first work item\n"
+                 f"instrumented build (TRACE=1): clock64 stamps of one thread per warpgroup, never a timing\n"
+                 f"{experiments.provenance(record)}", fontsize=7)
+    fig.tight_layout()
+    return fig

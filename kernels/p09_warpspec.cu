@@ -21,6 +21,10 @@
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
+// TRACE=1 is the instrumented build (common/trace.cuh; off by default, and then the machine code is the
+// uninstrumented kernel's): one thread of each warpgroup of CTA 0 stamps every copy issued, barrier wait,
+// wgmma issued and waited for, softmax, epilogue and ping-pong turn, for chapter 9's measured timeline
+// (python -m flashcore_nb trace). It is never timed.
 // The softmax is phase 7's: exp2 with log2(e) folded into the scale, O rescaled only when a row's
 // (exact) maximum moves, masks only on the tiles that need them, tiles right of the diagonal never
 // loaded, the longest causal rows first.
@@ -41,6 +45,7 @@
 #include "common/params.cuh"
 #include "common/shared_memory.cuh"
 #include "common/tma.cuh"
+#include "common/trace.cuh"
 #include "common/warp_reduce.cuh"
 #include "common/warp_specialize.cuh"
 #include "common/wgmma.cuh"
@@ -190,11 +195,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   if (warpgroup == 0) {   // the producer
     setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
+      TraceRecorder trace(0, true);   // TRACE=1 only: the issuing thread records
+      trace.begin();
       int ring_base = 0, items_done = 0;
       for (int index = blockIdx.x; index < work_items; index += gridDim.x, ++items_done) {
         const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
         // Q's buffer is free once every consumer warp has its rows of the previous Q in registers.
-        if (items_done > 0) mbarrier_wait(&bars.q_empty, (items_done - 1) & 1);
+        if (items_done > 0) {
+          trace.stamp(kTraceEmptyWaitBegin, items_done);
+          mbarrier_wait(&bars.q_empty, (items_done - 1) & 1);
+          trace.stamp(kTraceEmptyWaitEnd, items_done);
+        }
+        trace.stamp(kTraceQIssue, items_done);
         mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kDBlocks; ++c)
@@ -202,7 +214,12 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         for (int tile = 0; tile < item.key_tiles; ++tile) {
           const int entry = ring_base + tile, s = buffer(entry);
           // The buffer's previous entry must have been released by every consumer warp.
-          if (entry >= kStages) mbarrier_wait(&bars.empty[s], parity(entry) ^ 1);
+          if (entry >= kStages) {
+            trace.stamp(kTraceEmptyWaitBegin, items_done, tile);
+            mbarrier_wait(&bars.empty[s], parity(entry) ^ 1);
+            trace.stamp(kTraceEmptyWaitEnd, items_done, tile);
+          }
+          trace.stamp(kTraceKVIssue, items_done, tile);
           mbarrier_arrive_expect_tx(&bars.k_full[s], Cfg::kKvBytes);
 #pragma unroll
           for (int c = 0; c < kDBlocks; ++c)
@@ -216,6 +233,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         }
         ring_base += item.key_tiles;
       }
+      trace.end();
     }
     return;   // the consumers wait for every copy it issued, so the CTA outlives them
   }
@@ -227,8 +245,12 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
 
-  // The current work item, as the lambdas below see it.
-  int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0;
+  // TRACE=1 only: lane 0 of warp 0 of each consumer warpgroup records.
+  TraceRecorder trace(warpgroup, threadIdx.x % 128 == 0);
+  trace.begin();
+
+  // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
+  int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
   uint32_t q_frag[kKSteps][4];      // this warp's 16 rows of Q, as A fragments
   float o_acc[kDBlocks][32];
   float row_max[2], row_sum[2];     // rows g and g + 8; sum: this lane's part
@@ -241,12 +263,17 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const auto release = [&](int tile) {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.empty[buffer(ring_base + tile)]);
+    trace.stamp(kTraceRelease, items_done, tile);
   };
   const auto wait_keys = [&](int tile) {
+    trace.stamp(kTraceKWaitBegin, items_done, tile);
     mbarrier_wait(&bars.k_full[buffer(ring_base + tile)], parity(ring_base + tile));
+    trace.stamp(kTraceKWaitEnd, items_done, tile);
   };
   const auto wait_values = [&](int tile) {
+    trace.stamp(kTraceVWaitBegin, items_done, tile);
     mbarrier_wait(&bars.v_full[buffer(ring_base + tile)], parity(ring_base + tile));
+    trace.stamp(kTraceVWaitEnd, items_done, tile);
   };
   const auto skip = [&](int tile) {
     wait_keys(tile);
@@ -255,6 +282,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   };
   // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
   auto issue_scores = [&](int tile) {
+    trace.stamp(kTraceScoresIssue, items_done, tile);
     const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
 #pragma unroll
     for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
@@ -270,6 +298,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   };
   // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
   auto issue_values = [&](int tile) {
+    trace.stamp(kTraceValuesIssue, items_done, tile);
     const uint32_t v_base = smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
@@ -283,17 +312,21 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       }
     wgmma_commit();
   };
-  auto scores_landed = [&]() {
+  // After the wgmma_wait that covers them: the stamp is when the warpgroup saw them done.
+  auto scores_landed = [&](int tile) {
 #pragma unroll
     for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    trace.stamp(kTraceScoresDone, items_done, tile);
   };
-  auto output_landed = [&]() {
+  auto output_landed = [&](int tile) {
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    trace.stamp(kTraceValuesDone, items_done, tile);
   };
   // Online softmax of the tile in s: masks, the new row maxima, P = exp2(S · scale - max) in place.
   // Returns the factor O must be multiplied by (per row), once O's running P·V is done.
   auto softmax = [&](int tile, float (&correction)[2]) {
+    trace.stamp(kTraceSoftmaxBegin, items_done, tile);
     const int first_key = tile * Cfg::kBlockN;
     if (first_key + Cfg::kBlockN > params.seqlen_k || (params.causal && first_key + Cfg::kBlockN - 1 > group_row)) {
 #pragma unroll
@@ -329,6 +362,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
             row_sum[h] += x;
           }
     }
+    trace.stamp(kTraceSoftmaxEnd, items_done, tile);
   };
   auto rescale_output = [&](const float (&correction)[2]) {
 #pragma unroll
@@ -360,14 +394,21 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // all key_tiles + 1 steps of an item (issuing nothing in those past their own tiles), so every turn
   // handed over is taken, except the one consumer 1 would hand over at the item's end.
   constexpr uint32_t kTurnThreads = 256;
-  const auto take_turn = [&]() {
-    if (Cfg::kPingPong) named_barrier_sync(1 + consumer, kTurnThreads);
+  const auto take_turn = [&](int step) {
+    if (Cfg::kPingPong) {
+      trace.stamp(kTraceTurnWait, items_done, step);
+      named_barrier_sync(1 + consumer, kTurnThreads);
+      trace.stamp(kTraceTurnTaken, items_done, step);
+    }
   };
   const auto hand_over_turn = [&](int step) {
-    if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) named_barrier_arrive(2 - consumer, kTurnThreads);
+    if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) {
+      named_barrier_arrive(2 - consumer, kTurnThreads);
+      trace.stamp(kTraceTurnHanded, items_done, step);
+    }
   };
 
-  for (int index = blockIdx.x, items_done = 0; index < work_items; index += gridDim.x, ++items_done) {
+  for (int index = blockIdx.x; index < work_items; index += gridDim.x, ++items_done) {
     const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
     key_tiles = item.key_tiles;
     group_row = item.first_row + consumer * 64;   // this warpgroup's first query row
@@ -375,7 +416,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
     my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
 
+    trace.stamp(kTraceQWaitBegin, items_done);
     mbarrier_wait(&bars.q_full, items_done & 1);
+    trace.stamp(kTraceQWaitEnd, items_done);
     {
       const int row = consumer * 64 + warp * 16 + lane % 16;
 #pragma unroll
@@ -399,15 +442,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
       // softmax of tile `step` while that P·V runs. Each branch waits for every wgmma it issues: ptxas
       // then knows that none is in flight where the branches meet, and does not serialise them.
-      if (Cfg::kPingPong && consumer == 1) named_barrier_arrive(1, kTurnThreads);
+      if (Cfg::kPingPong && consumer == 1) {
+        named_barrier_arrive(1, kTurnThreads);
+        trace.stamp(kTraceTurnHanded, items_done);
+      }
       for (int step = 0; step <= key_tiles; ++step) {
-        take_turn();
+        take_turn(step);
         if (step == 0) {   // the first tile: its scores alone (my_tiles >= 1 for every warpgroup)
           wait_keys(0);
           issue_scores(0);
           hand_over_turn(step);
           wgmma_wait<0>();
-          scores_landed();
+          scores_landed(0);
           float correction[2];
           softmax(0, correction);   // O is still zero: no rescale
           pack_probabilities();
@@ -418,11 +464,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           issue_values(step - 1);
           hand_over_turn(step);
           wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
-          scores_landed();
+          scores_landed(step);
           float correction[2];
           softmax(step, correction);
           wgmma_wait<0>();
-          output_landed();
+          output_landed(step - 1);
           release(step - 1);
           rescale_output(correction);   // O now holds P·V up to tile step - 1
           pack_probabilities();
@@ -431,7 +477,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           issue_values(step - 1);
           hand_over_turn(step);
           wgmma_wait<0>();
-          output_landed();
+          output_landed(step - 1);
           release(step - 1);
         } else {   // causal: a tile right of this warpgroup's diagonal
           hand_over_turn(step);
@@ -447,7 +493,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         wait_keys(tile);
         issue_scores(tile);
         wgmma_wait<0>();
-        scores_landed();
+        scores_landed(tile);
         float correction[2];
         softmax(tile, correction);
         rescale_output(correction);
@@ -455,12 +501,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         wait_values(tile);
         issue_values(tile);
         wgmma_wait<0>();
-        output_landed();
+        output_landed(tile);
         release(tile);
       }
     }
 
     // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
+    trace.stamp(kTraceEpilogueBegin, items_done);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
@@ -474,8 +521,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
               pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
     }
+    trace.stamp(kTraceEpilogueEnd, items_done);
     ring_base += key_tiles;
   }
+  trace.end();
 }
 
 // A tensor map over one of q, k, v: boxes of 64 columns x `rows` rows of one head, 128B-swizzled;

@@ -32,7 +32,7 @@ def test_help_lists_every_verb():
     proc = run("--help")
     assert proc.returncode == 0
     for verb in ("record", "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks", "drift", "accuracy",
-                 "grid", "seqlen", "figures"):
+                 "grid", "seqlen", "trace", "figures"):
         assert verb in proc.stdout, verb
 
 
@@ -48,6 +48,13 @@ def test_accuracy_needs_a_gpu():
 
 def test_seqlen_needs_a_gpu():
     proc = run("seqlen")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_trace_needs_a_traced_phase_then_a_gpu():
+    proc = run("trace", "--phase", "p01_baseline")
+    assert proc.returncode == 2 and "trace needs --phase one of ['p09_warpspec']" in proc.stderr
+    proc = run("trace", "--phase", "p09_warpspec")
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 

@@ -134,6 +134,39 @@ def test_other_gpus_defaults_are_correct_here(cuda, name, cc):
     _correct_on_shape_suite(name, flashcore_nb.PHASES[name].tile_params_for(cc))
 
 
+# Every instrumented build (the variants tagged "trace", TRACE=1) on problems where CTA 0 walks several work items
+# (two persistent CTAs): one with a ragged last tile, one causal (consumers skip the tiles right of their rows).
+TRACE_BUILDS = [(name, v) for name, phase in flashcore_nb.PHASES.items() for v in phase.variants if "trace" in v.tags]
+TRACE_CASES = [Case("trace_ragged", 1, 3, 1000, 64), Case("trace_causal_d128", 1, 2, 777, 128, causal=True)]
+
+
+@pytest.mark.parametrize("name,variant", TRACE_BUILDS, ids=[format_target(n, v.defines) for n, v in TRACE_BUILDS])
+def test_instrumented_build_is_correct_and_its_trace_well_formed(cuda, name, variant):
+    """Still correct; and its trace is whole (nothing dropped, every warpgroup recorded, every work item seen by
+    every role) and well-formed (trace.problems: clocks monotonic per role, every span closed, every tile the
+    producer issued waited for and released by every consumer after the issue, wgmmas after their operands)."""
+    from flashcore_nb import trace
+    phase = flashcore_nb.PHASES[name]
+    if not phase.runs_on(env.gpu().cc):
+        pytest.skip(f"{name} needs an {phase.requirement} GPU")
+    fn = flashcore_nb.load(name, **{**variant.defines, "PERSISTENT_CTAS": 2})
+    for case in TRACE_CASES:
+        captured = trace.capture(fn, case)
+        assert captured["passed"], (case.name, captured["max_abs_err"], captured["sdpa_max_abs_err"])
+        assert captured["dropped"] == {}
+        assert 0.3 < 1 / captured["ns_per_cycle"] < 3.0, "clock64 against %globaltimer: not an SM clock in GHz"
+        events = trace.events_frame(captured)
+        assert trace.problems(events) == [], case.name
+        warpgroups = budget.threads_per_block(name, fn.tile_params, case.head_dim) // 128
+        assert sorted(events["role"].unique()) == list(range(warpgroups))
+        items = set(events.loc[events["kind"] == "QIssue", "item"])
+        assert len(items) > 1 and items == set(range(len(items)))
+        for role in range(1, warpgroups):
+            mine = events[events["role"] == role]
+            assert set(mine.loc[mine["kind"] == "QWaitEnd", "item"]) == items
+            assert set(mine.loc[mine["kind"] == "EpilogueEnd", "item"]) == items
+
+
 def test_p05_config_too_big_for_the_gpu_is_refused_before_launch(cuda):
     from flashcore_nb.binding import SharedMemoryError
     fn = flashcore_nb.load("p05_tile64", BLOCK_M=128, BLOCK_N=128, NUM_WARPS=8)
