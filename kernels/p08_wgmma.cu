@@ -32,16 +32,12 @@
 // Knowingly does not support: any GPU but sm_90 (wgmma is Hopper's; Blackwell has tcgen05 instead);
 // head dims other than 64 and 128; inputs not aligned to 16 bytes. Small problems (the mission shape)
 // get no key-split path: phase 7 remains the faster kernel there.
-#include <cmath>
-
 #include "common/async_copy.cuh"
 #include "common/launch.cuh"
-#include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
 #include "common/shared_memory.cuh"
-#include "common/warp_reduce.cuh"
-#include "common/wgmma.cuh"
+#include "common/wgmma_attention.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "p08_wgmma needs wgmma: compile it for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
@@ -120,11 +116,6 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kCtasPerSm)
     attention_wgmma_kernel(const FlashParams params) {
   using Cfg = Tiles<kHeadDim>;
-  constexpr int kKSteps = kHeadDim / 16;        // k16 slices of Q·Kᵀ
-  constexpr int kKeyBlocks = Cfg::kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
-  constexpr int kPSteps = Cfg::kBlockN / 16;     // k16 slices of P·V
-  constexpr int kDBlocks = kHeadDim / 64;        // 64-column wgmmas per slice of P·V
-  constexpr float kRescaleSlack = RESCALE_SLACK;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -166,120 +157,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  // Q stays in registers as A fragments: warp w of the warpgroup holds its 16 rows.
-  uint32_t q_frag[kKSteps][4];
-  {
-    const int row = warpgroup * 64 + warp * 16 + lane % 16;
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
-      ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
-  }
-
+  // This warpgroup's registers and math (common/wgmma_attention.cuh); Q stays in registers.
+  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, RESCALE_SLACK, SUM_ROUNDED_P, EXACT_EXP> rows;
+  rows.load_q(q_tile, Cfg::kBlockM, warpgroup * 64, warp, lane);
+  rows.reset();
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
-  const auto softmax_exp2 = [](float x) {
-    return EXACT_EXP ? static_cast<float>(exp2(static_cast<double>(x))) : fast_exp2(x);
-  };
-  float o_acc[kDBlocks][32];
-#pragma unroll
-  for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};   // rows g and g + 8; sum: this lane's part
-  float s[kKeyBlocks][32];          // S of the newest tile
-  uint32_t p_frag[kPSteps][4];      // P of the tile before it, waiting for its P·V
-
-  // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
-  auto issue_scores = [&](int tile) {
-    const uint32_t k_base = smem_address(k_tiles + tile % 2 * Cfg::kKvBytes);
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) {
-        const uint32_t address = k_base + (kk / 4) * Cfg::kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-        wgmma_m64n64k16<T, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
-      }
-    wgmma_commit();
-  };
-  // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
-  auto issue_values = [&](int tile) {
-    const uint32_t v_base = smem_address(v_tiles + tile % 2 * Cfg::kKvBytes);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j) {
-        const uint32_t address = v_base + j * Cfg::kBlockN * 128 + kk * 16 * 128;
-        wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, Cfg::kBlockN * 128), 1);
-      }
-    wgmma_commit();
-  };
-  // Online softmax of the tile in s: masks, the new row maxima, P = exp2(S · scale - max) in place.
-  // Returns the factor O must be multiplied by (per row), which waits until O's running P·V is done.
-  auto softmax = [&](int tile, float (&correction)[2]) {
-    const int first_key = tile * Cfg::kBlockN;
-    if (first_key + Cfg::kBlockN > params.seqlen_k || (params.causal && first_key + Cfg::kBlockN - 1 > group_row)) {
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int key = first_key + j * 64 + i / 4 * 8 + 2 * t + i % 2;
-          if (key >= params.seqlen_k || (params.causal && key > warp_row + i % 4 / 2 * 8)) s[j][i] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {   // rows g (h = 0) and g + 8 (h = 1): a row's values are in one quad
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) tile_max = fmaxf(tile_max, fmaxf(s[j][4 * c + 2 * h], s[j][4 * c + 2 * h + 1]));
-      tile_max = quad_max(tile_max) * score_scale;
-      const float old_max = row_max[h];
-      const float new_max = tile_max > old_max + kRescaleSlack ? tile_max : old_max;
-      const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-      correction[h] = softmax_exp2(old_max - base);
-      row_max[h] = new_max;
-      row_sum[h] *= correction[h];
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[j][4 * c + 2 * h + e];
-            x = softmax_exp2(x * score_scale - base);
-            row_sum[h] += SUM_ROUNDED_P ? to_float(from_float<T>(x)) : x;   // rounded as pack2 will round it for P·V
-          }
-    }
-  };
-  auto rescale_output = [&](const float (&correction)[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (correction[h] == 1.f) continue;   // the usual case once the maxima settle
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          o_acc[j][4 * c + 2 * h] *= correction[h];
-          o_acc[j][4 * c + 2 * h + 1] *= correction[h];
-        }
-    }
-  };
-  // P in A-fragment order: k16 slice kk is 8-key chunks 2kk and 2kk + 1 of the S accumulators.
-  auto pack_probabilities = [&]() {
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      const float* lo = &s[kk / 4][(kk % 4) * 8];
-      p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
-      p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
-      p_frag[kk][2] = pack2<T>(lo[4], lo[5]);
-      p_frag[kk][3] = pack2<T>(lo[6], lo[7]);
-    }
+  const auto k_tile = [&](int tile) { return smem_address(k_tiles + tile % 2 * Cfg::kKvBytes); };
+  const auto v_tile = [&](int tile) { return smem_address(v_tiles + tile % 2 * Cfg::kKvBytes); };
+  const auto softmax = [&](int tile, float (&correction)[2]) {
+    rows.softmax(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
   };
 
   // Step `step` computes S for tile `step` and P·V for tile step - 1, so that (OVERLAP) the softmax
@@ -300,51 +186,34 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, Tiles<kHeadDim>::kC
 
     float correction[2];
     if (step == 0) {
-      issue_scores(0);
+      rows.issue_scores(k_tile(0));
       wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+      rows.scores_landed();
       softmax(0, correction);   // O is still zero: no rescale
-      pack_probabilities();
+      rows.pack_probabilities();
     } else if (step < my_tiles) {
-      issue_scores(step);
+      rows.issue_scores(k_tile(step));
       if (OVERLAP) {
-        issue_values(step - 1);
+        rows.issue_values(v_tile(step - 1));
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
       }
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+      rows.scores_landed();
       softmax(step, correction);
-      if (!OVERLAP) issue_values(step - 1);
+      if (!OVERLAP) rows.issue_values(v_tile(step - 1));
       wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-      rescale_output(correction);
-      pack_probabilities();
+      rows.output_landed();
+      rows.rescale_output(correction);
+      rows.pack_probabilities();
     } else if (step == my_tiles) {
-      issue_values(step - 1);
+      rows.issue_values(v_tile(step - 1));
       wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+      rows.output_landed();
     }
   }
 
-  // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
-    const int row = warp_row + h * 8;
-    if (row >= params.seqlen_q) continue;
-    T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-        *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
-            pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
-  }
+  rows.store_output(params, batch, head, warp_row, t);
 }
 
 template <typename T, int kHeadDim>

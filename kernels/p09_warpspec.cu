@@ -35,20 +35,16 @@
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
 #include <algorithm>
-#include <cmath>
 
 #include "common/dispatch.cuh"
 #include "common/launch.cuh"
 #include "common/mbarrier.cuh"
-#include "common/mma.cuh"
-#include "common/numeric.cuh"
 #include "common/params.cuh"
 #include "common/shared_memory.cuh"
 #include "common/tma.cuh"
 #include "common/trace.cuh"
-#include "common/warp_reduce.cuh"
 #include "common/warp_specialize.cuh"
-#include "common/wgmma.cuh"
+#include "common/wgmma_attention.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "p09_warpspec needs wgmma and setmaxnreg: compile it for sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
@@ -155,10 +151,7 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     attention_warpspec_kernel(const FlashParams params, const __grid_constant__ TensorMaps maps) {
   using Cfg = Tiles<kHeadDim>;
-  constexpr int kKSteps = kHeadDim / 16;        // k16 slices of Q·Kᵀ
-  constexpr int kKeyBlocks = Cfg::kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
-  constexpr int kPSteps = Cfg::kBlockN / 16;     // k16 slices of P·V
-  constexpr int kDBlocks = kHeadDim / 64;        // 64-column wgmmas per slice of P·V
+  constexpr int kDBlocks = kHeadDim / 64;        // 64-column TMA boxes per tile
   constexpr int kStages = Cfg::kStages;
   constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
 
@@ -251,11 +244,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
 
   // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
-  uint32_t q_frag[kKSteps][4];      // this warp's 16 rows of Q, as A fragments
-  float o_acc[kDBlocks][32];
-  float row_max[2], row_sum[2];     // rows g and g + 8; sum: this lane's part
-  float s[kKeyBlocks][32];          // S of the newest tile
-  uint32_t p_frag[kPSteps][4];      // P of the tile waiting for its P·V
+  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN> rows;   // this warpgroup's registers and math
 
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
   // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
@@ -280,113 +269,28 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     wait_values(tile);
     release(tile);
   };
-  // S = Q·Kᵀ for one tile: for each k16 slice of D, one wgmma per 64 keys.
+  // The struct's steps, each stamped in a TRACE=1 build; the buffers are the ring entries' of the item.
   auto issue_scores = [&](int tile) {
     trace.stamp(kTraceScoresIssue, items_done, tile);
-    const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) {
-        const uint32_t address = k_base + (kk / 4) * Cfg::kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-        wgmma_m64n64k16<T, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
-      }
-    wgmma_commit();
+    rows.issue_scores(smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes));
   };
-  // O += P·V for one tile: for each k16 slice of the keys, one wgmma per 64 columns of D.
   auto issue_values = [&](int tile) {
     trace.stamp(kTraceValuesIssue, items_done, tile);
-    const uint32_t v_base = smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j) {
-        const uint32_t address = v_base + j * Cfg::kBlockN * 128 + kk * 16 * 128;
-        wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, Cfg::kBlockN * 128), 1);
-      }
-    wgmma_commit();
+    rows.issue_values(smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes));
   };
   // After the wgmma_wait that covers them: the stamp is when the warpgroup saw them done.
   auto scores_landed = [&](int tile) {
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    rows.scores_landed();
     trace.stamp(kTraceScoresDone, items_done, tile);
   };
   auto output_landed = [&](int tile) {
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    rows.output_landed();
     trace.stamp(kTraceValuesDone, items_done, tile);
   };
-  // Online softmax of the tile in s: masks, the new row maxima, P = exp2(S · scale - max) in place.
-  // Returns the factor O must be multiplied by (per row), once O's running P·V is done.
   auto softmax = [&](int tile, float (&correction)[2]) {
     trace.stamp(kTraceSoftmaxBegin, items_done, tile);
-    const int first_key = tile * Cfg::kBlockN;
-    if (first_key + Cfg::kBlockN > params.seqlen_k || (params.causal && first_key + Cfg::kBlockN - 1 > group_row)) {
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int key = first_key + j * 64 + i / 4 * 8 + 2 * t + i % 2;
-          if (key >= params.seqlen_k || (params.causal && key > warp_row + i % 4 / 2 * 8)) s[j][i] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {   // rows g (h = 0) and g + 8 (h = 1): a row's values are in one quad
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) tile_max = fmaxf(tile_max, fmaxf(s[j][4 * c + 2 * h], s[j][4 * c + 2 * h + 1]));
-      tile_max = quad_max(tile_max) * score_scale;
-      const float old_max = row_max[h];
-      const float new_max = fmaxf(tile_max, old_max);
-      const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
-      correction[h] = fast_exp2(old_max - base);
-      row_max[h] = new_max;
-      row_sum[h] *= correction[h];
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[j][4 * c + 2 * h + e];
-            x = fast_exp2(x * score_scale - base);
-            row_sum[h] += x;
-          }
-    }
+    rows.softmax(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
     trace.stamp(kTraceSoftmaxEnd, items_done, tile);
-  };
-  auto rescale_output = [&](const float (&correction)[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (correction[h] == 1.f) continue;   // the usual case once the maxima settle
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          o_acc[j][4 * c + 2 * h] *= correction[h];
-          o_acc[j][4 * c + 2 * h + 1] *= correction[h];
-        }
-    }
-  };
-  // P in A-fragment order: k16 slice kk is 8-key chunks 2kk and 2kk + 1 of the S accumulators.
-  auto pack_probabilities = [&]() {
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      const float* lo = &s[kk / 4][(kk % 4) * 8];
-      p_frag[kk][0] = pack2<T>(lo[0], lo[1]);
-      p_frag[kk][1] = pack2<T>(lo[2], lo[3]);
-      p_frag[kk][2] = pack2<T>(lo[4], lo[5]);
-      p_frag[kk][3] = pack2<T>(lo[6], lo[7]);
-    }
   };
 
   // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the
@@ -419,24 +323,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceQWaitBegin, items_done);
     mbarrier_wait(&bars.q_full, items_done & 1);
     trace.stamp(kTraceQWaitEnd, items_done);
-    {
-      const int row = consumer * 64 + warp * 16 + lane % 16;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk)
-        ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(Cfg::kBlockM, row, kk * 16 + lane / 16 * 8)));
-    }
+    rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
     fence_proxy_async();   // these reads of Q come before the copy engine's next write there
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.q_empty);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_max[h] = -INFINITY;
-      row_sum[h] = 0.f;
-    }
+    rows.reset();
 
     if constexpr (OVERLAP) {
       // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
@@ -456,7 +347,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           scores_landed(0);
           float correction[2];
           softmax(0, correction);   // O is still zero: no rescale
-          pack_probabilities();
+          rows.pack_probabilities();
         } else if (step < my_tiles) {
           wait_keys(step);
           issue_scores(step);
@@ -470,8 +361,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wgmma_wait<0>();
           output_landed(step - 1);
           release(step - 1);
-          rescale_output(correction);   // O now holds P·V up to tile step - 1
-          pack_probabilities();
+          rows.rescale_output(correction);   // O now holds P·V up to tile step - 1
+          rows.pack_probabilities();
         } else if (step == my_tiles) {   // the last P·V
           wait_values(step - 1);
           issue_values(step - 1);
@@ -496,8 +387,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         scores_landed(tile);
         float correction[2];
         softmax(tile, correction);
-        rescale_output(correction);
-        pack_probabilities();
+        rows.rescale_output(correction);
+        rows.pack_probabilities();
         wait_values(tile);
         issue_values(tile);
         wgmma_wait<0>();
@@ -506,21 +397,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       }
     }
 
-    // Epilogue: the quad's row sums, normalise, write the rows that exist (two columns per store).
     trace.stamp(kTraceEpilogueBegin, items_done);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
-      const int row = warp_row + h * 8;
-      if (row >= params.seqlen_q) continue;
-      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, item.batch, item.head, row);
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-          *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
-              pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
-    }
+    rows.store_output(params, item.batch, item.head, warp_row, t);
     trace.stamp(kTraceEpilogueEnd, items_done);
     ring_base += key_tiles;
   }
