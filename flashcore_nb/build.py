@@ -133,15 +133,19 @@ def parse_ptxas(log: str) -> PtxasStats:
 def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False) -> PtxasStats:
     """`nvcc -c` for one arch, no GPU needed; raises CompileError with the compiler's message.
 
-    The stats are kept under the build directory by the build's identity (its sources and defines, the
-    arch, the flags and nvcc's version): a page or test that shows them compiles once per machine."""
+    The stats of a kernel under kernels/ are kept under the build directory by the build's identity (its
+    sources and defines, the arch, the flags and nvcc's version): a page or test that shows them compiles
+    once per machine. A file elsewhere (a chapter's own example) is compiled every time."""
     nvcc = env.nvcc_path()
     if nvcc is None:
         raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
-    identity = json.dumps([kernel_sha256(kernel_file, tile_params), cc, arch_specific, NVCC_FLAGS, env.nvcc_version()])
-    cached = build_root() / "ptxas" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
-    if cached.exists():
-        return PtxasStats(**json.loads(cached.read_text()))
+    cached = None
+    if Path(kernel_file).resolve().is_relative_to(KERNELS_DIR):
+        identity = json.dumps([kernel_sha256(kernel_file, tile_params), cc, arch_specific, NVCC_FLAGS,
+                               env.nvcc_version()])
+        cached = build_root() / "ptxas" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+        if cached.exists():
+            return PtxasStats(**json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc, arch_specific), f"-I{KERNELS_DIR}", *define_flags(tile_params),
                str(kernel_file), "-o", os.path.join(tmp, "kernel.o")]
@@ -150,10 +154,11 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
     if proc.returncode != 0:
         raise _compile_error(f"nvcc failed for sm_{cc}:", log)
     stats = parse_ptxas(log)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(json.dumps(asdict(stats)))
-    partial.replace(cached)   # readers see a whole file or none
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
+        partial.write_text(json.dumps(asdict(stats)))
+        partial.replace(cached)   # readers see a whole file or none
     return stats
 
 

@@ -1,4 +1,5 @@
-"""Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, the roofline, shared-memory budgets."""
+"""Figures: speed beside SDPA, errors beside SDPA's, the ladder across phases, the roofline, shared-memory budgets,
+and schedules drawn in a kernel's code order (not measured)."""
 from __future__ import annotations
 
 import itertools
@@ -357,6 +358,97 @@ def pipeline_timeline(tiles: int = 5, copy: float = 1.0, math: float = 1.5, stag
         ax.set_yticks([0, 1], ["warps (S, softmax, P·V)", "cp.async copies"], fontsize=7)
         ax.set_title(f"STAGES = {stages}: {tiles} tiles in {end:.1f} time units", fontsize=8, loc="left")
     np.atleast_1d(axes)[-1].set_xlabel(f"time (a tile's copy takes {copy:g}, its math {math:g})")
+    fig.tight_layout()
+    return fig
+
+
+# The rows of the step schedule, top to bottom: what one warpgroup of p08 keeps busy.
+STEP_UNITS = ("copies", "Q·Kᵀ", "softmax", "P·V")
+
+
+def wgmma_step_schedule(tiles: int, overlap: bool, copy: float = 2.0, scores: float = 1.0, softmax: float = 1.5,
+                        values: float = 1.0, rescale: float = 0.3):
+    """One warpgroup of p08 over `tiles` key tiles, in the order its loop imposes (kernels/p08_wgmma.cu),
+    with schematic durations: (slots, barriers, waits). A slot is (unit, tile, start, end, label); a
+    barrier is the time of a step's cp.async wait<0> + __syncthreads; a wait is (unit, time, label), a
+    wgmma_wait on that unit's group.
+    Step s starts at its barrier (K(s) and V(s - 1) have landed), issues the copies of K(s + 1) and V(s),
+    then: Q·Kᵀ(s) and its wait; softmax(s); P·V(s - 1) and its wait; rescale O and pack P(s). OVERLAP=1
+    issues P·V(s - 1) right behind Q·Kᵀ(s) and waits only for the older group (wait<1>), so the softmax
+    runs while the tensor cores do P·V. Step `tiles` does the last P·V alone. The tensor cores take a
+    warpgroup's groups in issue order; copies run beside everything."""
+    slots, barriers, waits = [], [], []
+    slots.append(("copies", 0, 0.0, copy, "Q, K0"))   # the prologue
+    copies_done, now = copy, 0.0
+    for step in range(tiles + 1):
+        now = max(now, copies_done)
+        barriers.append(now)
+        if step < tiles:
+            if step + 1 < tiles:
+                slots.append(("copies", step + 1, now, now + copy, f"K{step + 1}"))
+            slots.append(("copies", step, now, now + copy, f"V{step}"))
+            copies_done = now + copy
+        if step == tiles:   # the last tile's P·V
+            slots.append(("P·V", step - 1, now, now + values, f"P·V {step - 1}"))
+            now += values
+            waits.append(("P·V", now, "wait<0>"))
+            break
+        slots.append(("Q·Kᵀ", step, now, now + scores, f"S{step}"))
+        scores_done = now + scores
+        if step > 0 and overlap:
+            slots.append(("P·V", step - 1, scores_done, scores_done + values, f"P·V {step - 1}"))
+        waits.append(("Q·Kᵀ", scores_done, "wait<1>" if step > 0 and overlap else "wait<0>"))
+        now = scores_done + softmax
+        slots.append(("softmax", step, scores_done, now, f"softmax {step}"))
+        if step > 0:
+            if not overlap:
+                slots.append(("P·V", step - 1, now, now + values, f"P·V {step - 1}"))
+                now += values
+            else:
+                now = max(now, scores_done + values)
+            waits.append(("P·V", now, "wait<0>"))
+        slots.append(("softmax", step, now, now + rescale, ""))   # rescale O (from step 1 on), pack P(s)
+        now += rescale
+    return slots, barriers, waits
+
+
+def step_schedule(tile_params: dict, tiles: int = 4):
+    """p08's step schedule for one warpgroup (wgmma_step_schedule), OVERLAP = 0 and 1: which tile's copies,
+    Q·Kᵀ, softmax and P·V run when, with the barriers (dashed) and wgmma waits (ticks). A picture of the
+    order the code imposes, with schematic durations: not a measured trace."""
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.6))
+    colors = plt.get_cmap("tab10")
+    y_of = {unit: len(STEP_UNITS) - 1 - i for i, unit in enumerate(STEP_UNITS)}
+    for ax, overlap in zip(axes, (False, True)):
+        slots, barriers, waits = wgmma_step_schedule(tiles, overlap)
+        for unit, tile, start, end, label in slots:
+            y, height = y_of[unit], 0.7
+            if unit == "copies" and label[0] in "KV":   # K above, V below: both are in flight at once
+                y, height = y + (0.18 if label[0] == "K" else -0.18), 0.34
+            ax.barh(y, end - start, left=start, height=height, color=colors(tile), edgecolor="white",
+                    alpha=0.45 if unit == "copies" else 0.9, hatch="//" if not label else None)
+            ax.text((start + end) / 2, y, label, ha="center", va="center", fontsize=7)
+        for i, time in enumerate(barriers):
+            ax.axvline(time, color="#444444", linestyle="--", linewidth=0.8)
+            ax.text(time, len(STEP_UNITS) - 0.45, f" step {i}", fontsize=6, va="bottom", color="#444444")
+        for unit, time, label in waits:
+            ax.plot([time, time], [y_of[unit] - 0.4, y_of[unit] + 0.4], color="black", linewidth=2)
+            ax.text(time, y_of[unit] + 0.42, label, fontsize=6, ha="center", va="bottom")
+        ax.set_yticks([y_of[u] for u in STEP_UNITS],
+                      ["cp.async in flight\n(all threads issue)", "Q·Kᵀ wgmma\n(tensor cores)",
+                       "softmax (CUDA cores)\nhatched: rescale O, pack P", "P·V wgmma\n(tensor cores)"], fontsize=7)
+        ax.set_ylim(-0.6, len(STEP_UNITS) - 0.1)
+        ax.set_xlim(0, max(end for *_, end, _ in slots) + 0.2)
+        ax.set_xticks([])   # schematic time: the lengths of the two panels are not to be compared
+        default = " (the default)" if bool(tile_params["OVERLAP"]) == overlap else ""
+        order = ("P·V(s-1) issued with Q·Kᵀ(s), waited for after softmax(s)" if overlap
+                 else "P·V(s-1) issued after softmax(s)")
+        ax.set_title(f"OVERLAP = {int(overlap)}{default}: {order}", fontsize=8, loc="left")
+    axes[-1].set_xlabel("time →   dashed: a step's cp.async wait + __syncthreads; black ticks: wgmma waits. "
+                        "The order is the kernel's; the bar lengths are illustrative, not measured", fontsize=8)
+    fig.suptitle(f"p08_wgmma, D = 64 defaults: one of a CTA's {tile_params['WARPGROUPS']} warpgroups (64 query rows), "
+                 f"{tile_params['BLOCK_N']}-key tiles. The order the code imposes: a schedule diagram, not a trace",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -1,4 +1,6 @@
-"""What chapters show beside the measurements: kernel diffs and correctness summaries."""
+"""What chapters show beside the measurements: kernel excerpts and diffs, and correctness summaries."""
+import pytest
+
 from flashcore_nb import display, measure
 from flashcore_nb.phases import get
 
@@ -44,3 +46,45 @@ def test_kernel_excerpt_starts_below_after_where_a_line_occurs_twice():
     assert len(starts) == 2
     assert first.startswith(f"// kernels/p07_registers.cu, lines {starts[0]}-")
     assert second.startswith(f"// kernels/p07_registers.cu, lines {starts[1]}-")
+
+
+def test_excerpt_anchors_are_text_and_may_span_lines():
+    lines = get("p08_wgmma").kernel_file.read_text().splitlines()
+    start, block = display.excerpt_lines("p08_wgmma.cu", "for (int step = 0; step <= key_tiles",
+                                         "fence_accumulators(o_acc[j]);\n    }\n  }")
+    assert block == lines[start:start + len(block)]
+    assert block[0].lstrip().startswith("for (int step = 0") and block[-1] == "  }" and block[-2] == "    }"
+    # the first line holding the anchor's start, not its first mention in the file: two lines hold it
+    assert sum("fence_accumulators(o_acc[j]);" in line for line in block) == 2
+    header = display.kernel_excerpt("p08_wgmma.cu", "// P in A-fragment order", "  };").data.splitlines()[0]
+    first, last = map(int, header.rsplit(" ", 1)[1].split("-"))
+    assert lines[first - 1].startswith("  // P in A-fragment order") and lines[last - 1] == "  };"
+    with pytest.raises(ValueError, match="no line containing 'no such line'"):
+        display.excerpt_lines("p08_wgmma.cu", "no such line", "};")
+
+
+def test_dedent_code_takes_off_the_common_indentation_of_code_lines_only():
+    assert display.dedent_code(["    a(", "#pragma unroll", "      b);", ""]) == ["a(", "#pragma unroll", "  b);", ""]
+
+
+def test_excerpt_diff_is_one_hunk_numbered_by_both_files():
+    before = ("p07_registers.cu", "// S = Q·Kᵀ for this warp's rows", "    };")
+    after = ("p08_wgmma.cu", "// S = Q·Kᵀ for one tile", "  };")
+    diff = display.excerpt_diff(before, after)
+    lines = diff.text.splitlines()
+    assert lines[0].startswith("--- p07_registers.cu, lines ") and lines[1].startswith("+++ p08_wgmma.cu, lines ")
+    hunks = [line for line in lines if line.startswith("@@")]
+    assert len(hunks) == 1
+    old_files = {name: get(name).kernel_file.read_text().splitlines() for name in ("p07_registers", "p08_wgmma")}
+    match = display.HUNK.match(hunks[0])
+    old_no, new_no = int(match[1]), int(match[3])
+    for line in lines[3:]:   # every line is the files' own line at the number the hunk gives it
+        if line[0] in " -":
+            assert old_files["p07_registers"][old_no - 1].strip() == line[1:].strip()
+            old_no += 1
+        if line[0] in " +":
+            assert old_files["p08_wgmma"][new_no - 1].strip() == line[1:].strip()
+            new_no += 1
+    assert lines[-1] == " };"          # the same line at two depths is context, not a change
+    assert any(line.startswith("-") and "ldmatrix_x4(b, k_tile" in line for line in lines)   # ldmatrix out,
+    assert any(line.startswith("+") and "wgmma_m64n64k16<T, 0>" in line for line in lines)   # wgmma in

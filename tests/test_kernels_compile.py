@@ -281,3 +281,11 @@ def test_ptxas_stats_are_kept_per_build(tmp_path, monkeypatch):
     assert build.compile_only(phase.kernel_file, 80, phase.tile_params).registers == 999
     assert build.compile_only(phase.kernel_file, 80, {**phase.tile_params, "AN_UNUSED_DEFINE": 1}) == first
     assert len(list((tmp_path / "ptxas").iterdir())) == 2
+
+
+def test_ptxas_stats_of_a_file_outside_kernels_are_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_BUILD_DIR", str(tmp_path / "build"))
+    example = tmp_path / "example.cu"
+    example.write_text("__global__ void scale(float* x) { x[threadIdx.x] *= 2.f; }\n")
+    assert build.compile_only(example, 80, {}).kernels == 1
+    assert not (tmp_path / "build").exists()
