@@ -48,14 +48,14 @@ def test_every_tile_goes_through_each_unit_once_in_the_loops_order(overlap):
 def test_the_schedule_matches_the_kernels_loop():
     """The figure is drawn from the order of these calls in p08's loop: if the kernel changes it, redraw."""
     _, loop = display.excerpt_lines("p08_wgmma.cu", "for (int step = 0; step <= key_tiles",
-                                    "fence_accumulators(o_acc[j]);\n    }\n  }")
+                                    "rows.output_landed();\n    }\n  }")
     text = "\n".join(loop)
     assert in_order(text, ["cp_async_wait<0>();", "__syncthreads();", "copy_k(step + 1);", "copy_v(step);",
-                           "} else if (step < my_tiles) {", "issue_scores(step);",
-                           "if (OVERLAP) {", "issue_values(step - 1);", "wgmma_wait<1>();",
+                           "} else if (step < my_tiles) {", "issue_scores(k_tile(step));",
+                           "if (OVERLAP) {", "issue_values(v_tile(step - 1));", "wgmma_wait<1>();",
                            "} else {", "wgmma_wait<0>();", "softmax(step, correction);",
-                           "if (!OVERLAP) issue_values(step - 1);", "wgmma_wait<0>();", "rescale_output(correction);",
-                           "pack_probabilities();", "} else if (step == my_tiles) {", "issue_values(step - 1);",
+                           "if (!OVERLAP) rows.issue_values(v_tile(step - 1));", "wgmma_wait<0>();", "rescale_output(correction);",
+                           "pack_probabilities();", "} else if (step == my_tiles) {", "issue_values(v_tile(step - 1));",
                            "wgmma_wait<0>();"])
     assert get("p08_wgmma").tile_params["OVERLAP"] == 0
 
