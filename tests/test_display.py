@@ -2,6 +2,7 @@
 import pytest
 
 from flashcore_nb import display, measure
+from flashcore_nb.paths import KERNELS_DIR
 from flashcore_nb.phases import get
 
 
@@ -51,14 +52,14 @@ def test_kernel_excerpt_starts_below_after_where_a_line_occurs_twice():
 def test_excerpt_anchors_are_text_and_may_span_lines():
     lines = get("p08_wgmma").kernel_file.read_text().splitlines()
     start, block = display.excerpt_lines("p08_wgmma.cu", "for (int step = 0; step <= key_tiles",
-                                         "fence_accumulators(o_acc[j]);\n    }\n  }")
+                                         "rows.output_landed();\n    }\n  }")
     assert block == lines[start:start + len(block)]
     assert block[0].lstrip().startswith("for (int step = 0") and block[-1] == "  }" and block[-2] == "    }"
-    # the first line holding the anchor's start, not its first mention in the file: two lines hold it
-    assert sum("fence_accumulators(o_acc[j]);" in line for line in block) == 2
-    header = display.kernel_excerpt("p08_wgmma.cu", "// P in A-fragment order", "  };").data.splitlines()[0]
+    # a multi-line anchor ends where its lines follow each other, past the first line holding its start
+    assert sum("rows.output_landed();" in line for line in block) == 2
+    header = display.kernel_excerpt("p08_wgmma.cu", "const auto softmax = [&]", "  };").data.splitlines()[0]
     first, last = map(int, header.rsplit(" ", 1)[1].split("-"))
-    assert lines[first - 1].startswith("  // P in A-fragment order") and lines[last - 1] == "  };"
+    assert lines[first - 1].startswith("  const auto softmax = [&]") and lines[last - 1] == "  };"
     with pytest.raises(ValueError, match="no line containing 'no such line'"):
         display.excerpt_lines("p08_wgmma.cu", "no such line", "};")
 
@@ -69,13 +70,15 @@ def test_dedent_code_takes_off_the_common_indentation_of_code_lines_only():
 
 def test_excerpt_diff_is_one_hunk_numbered_by_both_files():
     before = ("p07_registers.cu", "// S = Q·Kᵀ for this warp's rows", "    };")
-    after = ("p08_wgmma.cu", "// S = Q·Kᵀ for one tile", "  };")
+    after = ("common/wgmma_attention.cuh", "// S = Q·Kᵀ for the K tile", "wgmma_commit();\n  }")
     diff = display.excerpt_diff(before, after)
     lines = diff.text.splitlines()
-    assert lines[0].startswith("--- p07_registers.cu, lines ") and lines[1].startswith("+++ p08_wgmma.cu, lines ")
+    assert lines[0].startswith("--- p07_registers.cu, lines ")
+    assert lines[1].startswith("+++ common/wgmma_attention.cuh, lines ")
     hunks = [line for line in lines if line.startswith("@@")]
     assert len(hunks) == 1
-    old_files = {name: get(name).kernel_file.read_text().splitlines() for name in ("p07_registers", "p08_wgmma")}
+    old_files = {"p07_registers": get("p07_registers").kernel_file.read_text().splitlines(),
+                 "p08_wgmma": (KERNELS_DIR / "common" / "wgmma_attention.cuh").read_text().splitlines()}
     match = display.HUNK.match(hunks[0])
     old_no, new_no = int(match[1]), int(match[3])
     for line in lines[3:]:   # every line is the files' own line at the number the hunk gives it
@@ -85,6 +88,6 @@ def test_excerpt_diff_is_one_hunk_numbered_by_both_files():
         if line[0] in " +":
             assert old_files["p08_wgmma"][new_no - 1].strip() == line[1:].strip()
             new_no += 1
-    assert lines[-1] == " };"          # the same line at two depths is context, not a change
+    assert lines[-1] == "+}"          # the method's closing brace; p07's lambda closes with "};"
     assert any(line.startswith("-") and "ldmatrix_x4(b, k_tile" in line for line in lines)   # ldmatrix out,
     assert any(line.startswith("+") and "wgmma_m64n64k16<T, 0>" in line for line in lines)   # wgmma in
