@@ -201,3 +201,25 @@ def p10_launch(case, params: dict, sms: int, clusters: bool = True) -> dict:
     return {"configuration": f"p10, split over {splits} CTA{'s' if splits > 1 else ''}", "rows per CTA": block_m,
             "warps per CTA": block_m // 16, "CTAs": ctas, "CTAs per query tile": splits,
             "keys per CTA": min(case.sk, -(-key_tiles // splits) * block_n)}
+
+
+# --- one key tile's work on an H100 SM: a prediction from documented rates ------------------------------
+
+# Per SM per clock on the H100 SXM: dense fp16/bf16 tensor-core FLOPs (989.4 TFLOP/s over 132 SMs at the
+# 1.83 GHz boost clock, NVIDIA's datasheet), exp2 results of the special-function units (3.9 TFLOP/s of
+# special functions, as FlashAttention-3 counts them) and fp32 results of the CUDA cores.
+HOPPER_TENSOR_FLOPS_PER_CYCLE = 4096
+HOPPER_EXP2_PER_CYCLE = 16
+HOPPER_FP32_PER_CYCLE = 128
+SOFTMAX_FP32_OPS_PER_SCORE = 3   # scale-and-subtract (one FFMA), the running maximum, the running sum
+
+
+def tile_cycles(head_dim: int, block_m: int, block_n: int) -> dict[str, float]:
+    """SM clock cycles one CTA's key tile (block_m query rows x block_n keys) takes on an H100 SM if each
+    unit ran at its peak, alone: the tensor cores (Q·Kᵀ and P·V, 4·m·n·d FLOPs), the exp2s (one per score)
+    and the fp32 arithmetic around them. Units run concurrently; a schedule can at best hide the smaller
+    terms under the largest, and a kernel that runs them one after another pays their sum."""
+    scores = block_m * block_n
+    return {"tensor cores (Q·Kᵀ + P·V)": 4 * scores * head_dim / HOPPER_TENSOR_FLOPS_PER_CYCLE,
+            "exp2 (special-function units)": scores / HOPPER_EXP2_PER_CYCLE,
+            "fp32 (scale, max, sum)": SOFTMAX_FP32_OPS_PER_SCORE * scores / HOPPER_FP32_PER_CYCLE}

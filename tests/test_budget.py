@@ -229,3 +229,10 @@ def test_p07_launch_takes_the_key_split_below_the_fill_threshold():
     assert budget.p07_launch(shapes.MISSION, params, sms)["CTAs"] == 128          # 32 large tiles < 66
     assert budget.p07_launch(shapes.MISSION, {**params, "SMALL_PROBLEM_FILL": 0}, sms)["CTAs"] == 32
     assert budget.p07_launch(shapes.Case("big", 16, 16, 512, 64), params, sms)["CTAs"] == 1024
+
+
+def test_a_key_tiles_cycle_budget_on_hopper():
+    d64, d128 = budget.tile_cycles(64, 128, 128), budget.tile_cycles(128, 128, 128)
+    tensor, exp2, fp32 = list(d64)
+    assert d64[tensor] == d64[exp2] == 1024 and d128[tensor] == 2048 and d128[exp2] == 1024   # FA3's point at D = 64
+    assert d64[fp32] == d128[fp32] == 384
