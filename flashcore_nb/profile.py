@@ -52,7 +52,8 @@ COUNTERS = {
     "smem_st_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
 }
 # Hopper only (ncu refuses a metric the GPU lacks): wgmma runs on the GMMA side of the tensor pipe, which
-# the HMMA counter above does not count.
+# the HMMA counter above does not count. Optional: the H100's ncu of 2026-11-23 left this name out of its
+# report, so a report without it reads NaN there (find the name with `ncu --query-metrics`).
 HOPPER_COUNTERS = {"gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"}
 HOPPER_CC = 90
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
@@ -90,21 +91,22 @@ def command(phase_name: str, cc: int) -> list[str]:
 
 
 def parse(text: str, counters: dict[str, str] = COUNTERS) -> list[dict]:
-    """ncu's raw page as CSV -> per profiled kernel, in launch order: the counters kept and every nonzero
-    stall reason."""
+    """ncu's raw page as CSV -> per profiled kernel, in launch order: the counters kept (an optional one,
+    HOPPER_COUNTERS, NaN where the report lacks it) and every nonzero stall reason."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         raise ValueError("no CSV table in ncu's output (did the kernel run?)")
     table = [line for line in lines[start:] if line.startswith('"')]
     header, _units, *kernels = list(csv.reader(table))
-    missing = [metric for metric in counters.values() if metric not in header]
+    optional = set(HOPPER_COUNTERS.values())
+    missing = [metric for metric in counters.values() if metric not in header and metric not in optional]
     if missing:
         raise ValueError(f"ncu's report lacks {missing}")
     rows = []
     for values in kernels:
         raw = dict(zip(header, values))
-        row = {key: _number(raw[metric]) for key, metric in counters.items()}
+        row = {key: _number(raw[metric]) if metric in raw else math.nan for key, metric in counters.items()}
         row["stalls"] = {match.group(1): _number(value) for name, value in raw.items()
                          if (match := STALL.fullmatch(name)) and _number(value) > 0}
         rows.append(row)

@@ -161,9 +161,9 @@ def limits(record: dict) -> pd.DataFrame:
     for run in record["rows"]:
         def counter(key):
             return run.get(key, math.nan)
-        # a phase issues mma.sync or wgmma, each counted on its own side of the tensor pipe
-        tensor = max((x for x in (counter("tensor_pipe_pct"), counter("gmma_pipe_pct")) if not math.isnan(x)),
-                     default=math.nan)
+        # a phase issues mma.sync or wgmma (the sm_90a phases), each counted on its own side of the tensor
+        # pipe: NaN where the wgmma side was not measured, never the idle mma.sync side in its place
+        tensor = counter("gmma_pipe_pct") if get(record["phase"]).arch_specific else counter("tensor_pipe_pct")
         wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
         conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
         row = {"case": run["case"], "registers": int(run["registers"]),

@@ -114,8 +114,8 @@ def test_command_asks_for_the_wgmma_counter_on_hopper_only():
 
 # --- records and the table ----------------------------------------------------------------------------
 
-def record_of(rows: list[dict]) -> dict:
-    return {"rows": rows}
+def record_of(rows: list[dict], phase: str = "p08_wgmma") -> dict:
+    return {"phase": phase, "rows": rows}
 
 
 def test_limits_reads_a_record_with_every_counter():
@@ -123,7 +123,7 @@ def test_limits_reads_a_record_with_every_counter():
     table = tables.limits(record_of([{"case": "b4h16_s2048", **row}]))
     first = table.iloc[0]
     assert first["registers"] == 168 and first["occupancy %"] == pytest.approx(24.5)
-    assert first["tensor pipe %"] == pytest.approx(61.2)   # wgmma's side of the pipe: the larger of the two
+    assert first["tensor pipe %"] == pytest.approx(61.2)   # a wgmma phase: the GMMA side of the pipe
     assert first["bank-conflict wavefronts %"] == pytest.approx(15.0)   # 1,500 of 10,000
     # "selected" (the issue itself) is not a stall; the rest by size
     assert list(first[["stall 1", "stall 2", "stall 3"]]) == ["gmma 2.50", "barrier (__syncthreads) 0.75", ""]
@@ -169,3 +169,16 @@ def test_cli_profiles_each_phase_the_gpu_runs_and_says_which_it_skips(monkeypatc
     assert "p08_wgmma: skipped, it needs an sm_90 GPU" in capsys.readouterr().out
     recorded.clear()
     assert cli.main(["profile", "--phase", "p10_splitkv"]) == 0 and recorded == [("p10_splitkv", 80)]
+
+
+def test_a_report_without_the_wgmma_counter_reads_nan_there_and_the_table_says_unmeasured():
+    """The H100's ncu left the GMMA pipe counter out under its name: the profile still records, and a
+    wgmma phase's tensor-pipe column is NaN rather than the idle mma.sync side."""
+    metrics = {metric: "1" for metric in profile.COUNTERS.values()}
+    text = '"ID","' + '","'.join(metrics) + '"\n"",' + ",".join('""' for _ in metrics) + "\n" + \
+        '"0",' + ",".join(f'"{v}"' for v in metrics.values()) + "\n"
+    [row] = profile.parse(text, profile.counters_for(90))
+    assert math.isnan(row["gmma_pipe_pct"]) and row["tensor_pipe_pct"] == 1
+    record = {"phase": "p08_wgmma", "rows": [{"case": "b4h16_s2048", **row, "registers": 243}]}
+    assert math.isnan(tables.limits(record)["tensor pipe %"].iloc[0])
+    assert tables.limits({**record, "phase": "p07_registers"})["tensor pipe %"].iloc[0] == 1
