@@ -11,9 +11,11 @@
 //   - the `splits` CTAs of a query tile are one thread-block cluster (sm_90). CTA r combines rows
 //     [r R, (r + 1) R) of the tile (R = BLOCK_M / splits): every CTA sends it the un-normalised O,
 //     row maxima and row sums of those rows with remote stores into its shared memory ("inbox");
-//     after one cluster barrier it combines them locally, O = sum_i 2^(m_i - m) O_i / sum_i
+//     after a cluster barrier it combines them locally, O = sum_i 2^(m_i - m) O_i / sum_i
 //     2^(m_i - m) l_i, and writes them. No workspace in global memory, no second kernel, no
-//     counter to reset, and no CTA waits on a remote load.
+//     counter to reset, and no CTA waits on a remote load. A CTA may be written to only once it
+//     has started: each arrives (relaxed) at the cluster barrier first thing, and waits on it
+//     before its first send (compute-sanitizer's racecheck flags the sends otherwise).
 // Without clusters (before sm_90) every query tile keeps all its keys (splits = 1): correct
 // everywhere, and the split only where the hardware combines.
 // The softmax rescales exactly (no lazy slack): a CTA sees few key tiles, so it would rarely pay.
@@ -116,7 +118,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads) attention_splitkv_k
   // of one query tile. Causal: the last query tiles, whose rows see the most keys, come first.
   int splits = 1;
 #if __CUDA_ARCH__ >= 900
-  if constexpr (kClustered) splits = static_cast<int>(cluster_size());
+  if constexpr (kClustered) {
+    splits = static_cast<int>(cluster_size());
+    cluster_arrive_relaxed();   // this CTA has started: the others may send to it once they see all have
+  }
 #endif
   const int split = blockIdx.x % splits, item = blockIdx.x / splits;
   const int q_blocks = (seqlen_q + kBlockM - 1) / kBlockM, heads_total = params.batch * params.heads;
@@ -258,6 +263,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads) attention_splitkv_k
     // Send each row's partial state to the CTA that combines it: CTA r combines rows
     // [r R, (r + 1) R) of the tile, R = kBlockM / splits. Remote stores do not wait for an answer.
     const int rows_per_rank = kBlockM / splits;
+    cluster_wait();   // every CTA of the cluster has started (long ago, by now): its inbox exists
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp * kWarpRows + g + h * 8;

@@ -30,6 +30,13 @@ __device__ __forceinline__ uint32_t cluster_size() {
 // any CTA of the cluster included) happen before whatever the others do after their wait.
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 
+// Arrive without ordering memory: only says "this CTA is running". A CTA's shared memory may be
+// written by others only after it has started, so a kernel arrives like this first, and waits before
+// its first remote access.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
 // Wait until every thread of every CTA of the cluster has arrived; acquire: their accesses before
 // arriving are visible after this.
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
