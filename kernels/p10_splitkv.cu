@@ -2,10 +2,10 @@
 // across a cluster of CTAs that combine their partial results through distributed shared memory.
 //
 // What changed vs phase 7, and why. At the mission shape (1x8x512x64) phase 7's 128-row query tiles
-// make 32 CTAs for 132 SMs. Its key-split path splits keys among the warps of one CTA, which adds
-// warps but not SMs, and every CTA still streams all of its head's keys. Here the keys of one query
-// tile are split across `splits` CTAs (flash-decoding's idea), so the grid has query tiles x heads
-// x splits CTAs, chosen to fill one wave:
+// make 32 CTAs for 132 SMs. Its key-split path reaches 128 by cutting query tiles to 32 rows and
+// splitting each tile's keys among the warps of one CTA, so every CTA still streams all of its head's
+// keys. Here the keys of one query tile are split across `splits` CTAs (flash-decoding's idea), so
+// the grid has query tiles x heads x splits CTAs, chosen to fill one wave:
 //   - each CTA runs phase 7's register-resident loop (mma.sync, ldmatrix from swizzled tiles,
 //     cp.async ring, exp2 with the scale folded) over its slice of the key tiles, 16 rows per warp;
 //   - the `splits` CTAs of a query tile are one thread-block cluster (sm_90). CTA r combines rows
