@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         profile.prebuild(runnable, cc)
         for name in runnable:
             print(f"{name}: {', '.join(get(name).profile_cases)} under ncu", flush=True)
-            print("wrote", profile.record(name, cc), flush=True)
+            print("wrote", profile.record(name), flush=True)
         return 0
     if args.command == "trace":
         for name in (n for n in names if n in trace.TRACED):

@@ -36,7 +36,8 @@ SECTIONS = ("WarpStateStats",)   # the stall reasons: one metric per reason this
 COUNTERS = {
     "duration_ns": "gpu__time_duration.sum",
     "registers": "launch__registers_per_thread",
-    # mma.sync (HMMA) work; wgmma has its own counter (HOPPER_COUNTERS)
+    # The tensor pipe's busy cycles: mma.sync (HMMA) and Hopper's wgmma (HGMMA) alike (ncu's description
+    # of this counter on the H100: "HMMA/HFMA2.MMA/HGMMA/QGMMA ops"; it has no separate wgmma one)
     "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "issue_busy_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "warps_per_scheduler": "smsp__warps_active.avg.per_cycle_active",
@@ -51,11 +52,6 @@ COUNTERS = {
     "smem_ld_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
     "smem_st_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
 }
-# Hopper only (ncu refuses a metric the GPU lacks): wgmma runs on the GMMA side of the tensor pipe, which
-# the HMMA counter above does not count. Optional: the H100's ncu of 2026-11-23 left this name out of its
-# report, so a report without it reads NaN there (find the name with `ncu --query-metrics`).
-HOPPER_COUNTERS = {"gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"}
-HOPPER_CC = 90
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 # ncu's names for the reasons, as the chapter says them.
 STALL_LABELS = {
@@ -76,37 +72,32 @@ def record_name(phase_name: str) -> str:
     return f"{phase_name}_profile"
 
 
-def counters_for(cc: int) -> dict[str, str]:
-    return {**COUNTERS, **(HOPPER_COUNTERS if cc == HOPPER_CC else {})}
-
-
-def command(phase_name: str, cc: int) -> list[str]:
+def command(phase_name: str) -> list[str]:
     """ncu over the profiled program: one process for all of the phase's cases."""
     phase = get(phase_name)
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return ["ncu", "--clock-control", "none", "--profile-from-start", "off",
             "--kernel-name", f"regex:{phase.kernel_name}", *sections,
-            "--metrics", ",".join(counters_for(cc).values()), "--print-units", "base", "--csv", "--page", "raw",
+            "--metrics", ",".join(COUNTERS.values()), "--print-units", "base", "--csv", "--page", "raw",
             sys.executable, "-m", "flashcore_nb.profile", phase_name, *phase.profile_cases]
 
 
 def parse(text: str, counters: dict[str, str] = COUNTERS) -> list[dict]:
-    """ncu's raw page as CSV -> per profiled kernel, in launch order: the counters kept (an optional one,
-    HOPPER_COUNTERS, NaN where the report lacks it) and every nonzero stall reason."""
+    """ncu's raw page as CSV -> per profiled kernel, in launch order: the counters kept and every nonzero
+    stall reason."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         raise ValueError("no CSV table in ncu's output (did the kernel run?)")
     table = [line for line in lines[start:] if line.startswith('"')]
     header, _units, *kernels = list(csv.reader(table))
-    optional = set(HOPPER_COUNTERS.values())
-    missing = [metric for metric in counters.values() if metric not in header and metric not in optional]
+    missing = [metric for metric in counters.values() if metric not in header]
     if missing:
         raise ValueError(f"ncu's report lacks {missing}")
     rows = []
     for values in kernels:
         raw = dict(zip(header, values))
-        row = {key: _number(raw[metric]) if metric in raw else math.nan for key, metric in counters.items()}
+        row = {key: _number(raw[metric]) for key, metric in counters.items()}
         row["stalls"] = {match.group(1): _number(value) for name, value in raw.items()
                          if (match := STALL.fullmatch(name)) and _number(value) > 0}
         rows.append(row)
@@ -131,22 +122,22 @@ def prebuild(phase_names: list[str], cc: int) -> None:
         raise CompileError("\n".join(failures))
 
 
-def profile_phase(phase_name: str, cc: int) -> list[dict]:
+def profile_phase(phase_name: str) -> list[dict]:
     """The phase's cases under one ncu process: a row per case."""
     cases = get(phase_name).profile_cases
-    proc = subprocess.run(command(phase_name, cc), capture_output=True, text=True, cwd=ROOT, timeout=1800,
+    proc = subprocess.run(command(phase_name), capture_output=True, text=True, cwd=ROOT, timeout=1800,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed on {phase_name} (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
-    rows = parse(proc.stdout, counters_for(cc))
+    rows = parse(proc.stdout)
     if len(rows) != len(cases):
         raise RuntimeError(f"ncu profiled {len(rows)} kernels for {phase_name}'s {len(cases)} cases {cases}")
     return [{"case": case, **row} for case, row in zip(cases, rows)]
 
 
-def record(phase_name: str, cc: int) -> Path:
+def record(phase_name: str) -> Path:
     from . import experiments
-    rows = profile_phase(phase_name, cc)
+    rows = profile_phase(phase_name)
     return results.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
 
 
@@ -158,7 +149,7 @@ def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[
     rows = []
     for row in recorded["rows"]:
         stalls = dict(row["stalls"])
-        flat = {"case": row["case"], **{key: row.get(key, math.nan) for key in counters_for(HOPPER_CC)}}
+        flat = {"case": row["case"], **{key: row.get(key, math.nan) for key in COUNTERS}}
         flat.update({label: stalls.pop(reason, 0.0) for reason, label in STALL_LABELS.items()})
         flat["other"] = sum(stalls.values())
         rows.append(flat)

@@ -161,14 +161,11 @@ def limits(record: dict) -> pd.DataFrame:
     for run in record["rows"]:
         def counter(key):
             return run.get(key, math.nan)
-        # a phase issues mma.sync or wgmma (the sm_90a phases), each counted on its own side of the tensor
-        # pipe: NaN where the wgmma side was not measured, never the idle mma.sync side in its place
-        tensor = counter("gmma_pipe_pct") if get(record["phase"]).arch_specific else counter("tensor_pipe_pct")
         wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
         conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
         row = {"case": run["case"], "registers": int(run["registers"]),
                "occupancy %": counter("achieved_occupancy_pct"), "warps / scheduler": counter("warps_per_scheduler"),
-               "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": tensor,
+               "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": counter("tensor_pipe_pct"),
                "issue busy %": counter("issue_busy_pct"),
                "bank-conflict wavefronts %": 100.0 * conflicts / wavefronts if wavefronts else math.nan,
                "cycles / issue": counter("cycles_per_issue")}

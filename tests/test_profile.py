@@ -32,11 +32,10 @@ def raw_page(kernels: list[dict]) -> str:
 
 
 def kernel(**overrides) -> dict:
-    metrics = {metric: "1" for metric in profile.counters_for(90).values()}
+    metrics = {metric: "1" for metric in profile.COUNTERS.values()}
     metrics.update({
         profile.COUNTERS["registers"]: "168", profile.COUNTERS["duration_ns"]: "1,234,560",
-        profile.COUNTERS["achieved_occupancy_pct"]: "24.5", profile.HOPPER_COUNTERS["gmma_pipe_pct"]: "61.2",
-        profile.COUNTERS["tensor_pipe_pct"]: "0",
+        profile.COUNTERS["achieved_occupancy_pct"]: "24.5", profile.COUNTERS["tensor_pipe_pct"]: "61.2",
         profile.COUNTERS["smem_ld_conflicts"]: "1,000", profile.COUNTERS["smem_st_conflicts"]: "500",
         profile.COUNTERS["smem_ld_wavefronts"]: "9,000", profile.COUNTERS["smem_st_wavefronts"]: "1,000",
         "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio": "2.5",
@@ -60,9 +59,9 @@ def test_parse_reads_the_first_counters_and_the_nonzero_stalls():
 
 def test_parse_reads_one_row_per_kernel_with_the_new_counters():
     text = raw_page([kernel(), kernel(**{profile.COUNTERS["registers"]: "255"})])
-    first, second = profile.parse(text, profile.counters_for(90))
+    first, second = profile.parse(text)
     assert first["duration_ns"] == 1234560 and first["achieved_occupancy_pct"] == pytest.approx(24.5)
-    assert first["gmma_pipe_pct"] == pytest.approx(61.2) and first["smem_st_wavefronts"] == 1000
+    assert first["tensor_pipe_pct"] == pytest.approx(61.2) and first["smem_st_wavefronts"] == 1000
     assert first["stalls"] == {"gmma": 2.5, "selected": 1.0, "barrier": 0.75}
     assert second["registers"] == 255
 
@@ -94,7 +93,7 @@ def test_every_phase_profiles_a_large_problem_at_each_head_dim():
 
 
 def test_command_profiles_every_case_in_one_process_with_the_clocks_left_alone():
-    cmd = profile.command("p07_registers", 90)
+    cmd = profile.command("p07_registers")
     assert cmd[0] == "ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
     # only the launches the program brackets with cudaProfilerStart/Stop, and only the phase's own kernel
     assert cmd[cmd.index("--profile-from-start") + 1] == "off"
@@ -102,14 +101,13 @@ def test_command_profiles_every_case_in_one_process_with_the_clocks_left_alone()
     program = ["flashcore_nb.profile", "p07_registers", *PHASES["p07_registers"].profile_cases]
     assert cmd[cmd.index("-m") + 1:] == program
     metrics = cmd[cmd.index("--metrics") + 1].split(",")
-    assert set(metrics) == set(profile.COUNTERS.values()) | set(profile.HOPPER_COUNTERS.values())
+    assert set(metrics) == set(profile.COUNTERS.values())
     assert cmd[cmd.index("--section") + 1] == "WarpStateStats"
 
 
-def test_command_asks_for_the_wgmma_counter_on_hopper_only():
-    on_a100 = profile.command("p10_splitkv", 80)
-    assert profile.HOPPER_COUNTERS["gmma_pipe_pct"] not in on_a100[on_a100.index("--metrics") + 1]
-    assert on_a100[-3:] == ["b4h16_s2048", "b2h16_s4096_d128", "mission"]
+def test_command_profiles_the_cases_the_registry_names():
+    cmd = profile.command("p10_splitkv")
+    assert cmd[-3:] == ["b4h16_s2048", "b2h16_s4096_d128", "mission"]
 
 
 # --- records and the table ----------------------------------------------------------------------------
@@ -119,7 +117,7 @@ def record_of(rows: list[dict], phase: str = "p08_wgmma") -> dict:
 
 
 def test_limits_reads_a_record_with_every_counter():
-    [row] = profile.parse(raw_page([kernel()]), profile.counters_for(90))
+    [row] = profile.parse(raw_page([kernel()]))
     table = tables.limits(record_of([{"case": "b4h16_s2048", **row}]))
     first = table.iloc[0]
     assert first["registers"] == 168 and first["occupancy %"] == pytest.approx(24.5)
@@ -162,23 +160,10 @@ def test_cli_profiles_each_phase_the_gpu_runs_and_says_which_it_skips(monkeypatc
     recorded, built = [], []
     monkeypatch.setattr(cli.env, "gpu", lambda: SimpleNamespace(cc=80))
     monkeypatch.setattr(profile, "prebuild", lambda names, cc: built.extend(names))
-    monkeypatch.setattr(profile, "record", lambda name, cc: recorded.append((name, cc)) or f"{name}.json")
+    monkeypatch.setattr(profile, "record", lambda name: recorded.append(name) or f"{name}.json")
     assert cli.main(["profile"]) == 0
     runnable = [name for name, phase in PHASES.items() if phase.runs_on(80)]
-    assert built == runnable and recorded == [(name, 80) for name in runnable]
+    assert built == runnable and recorded == runnable
     assert "p08_wgmma: skipped, it needs an sm_90 GPU" in capsys.readouterr().out
     recorded.clear()
-    assert cli.main(["profile", "--phase", "p10_splitkv"]) == 0 and recorded == [("p10_splitkv", 80)]
-
-
-def test_a_report_without_the_wgmma_counter_reads_nan_there_and_the_table_says_unmeasured():
-    """The H100's ncu left the GMMA pipe counter out under its name: the profile still records, and a
-    wgmma phase's tensor-pipe column is NaN rather than the idle mma.sync side."""
-    metrics = {metric: "1" for metric in profile.COUNTERS.values()}
-    text = '"ID","' + '","'.join(metrics) + '"\n"",' + ",".join('""' for _ in metrics) + "\n" + \
-        '"0",' + ",".join(f'"{v}"' for v in metrics.values()) + "\n"
-    [row] = profile.parse(text, profile.counters_for(90))
-    assert math.isnan(row["gmma_pipe_pct"]) and row["tensor_pipe_pct"] == 1
-    record = {"phase": "p08_wgmma", "rows": [{"case": "b4h16_s2048", **row, "registers": 243}]}
-    assert math.isnan(tables.limits(record)["tensor pipe %"].iloc[0])
-    assert tables.limits({**record, "phase": "p07_registers"})["tensor pipe %"].iloc[0] == 1
+    assert cli.main(["profile", "--phase", "p10_splitkv"]) == 0 and recorded == ["p10_splitkv"]
