@@ -193,7 +193,11 @@ _loaded: dict[str, Built] = {}
 
 
 def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool = True) -> Built:
-    """Compile (or load from the persistent cache) one phase for one arch and tile configuration."""
+    """Compile (or load from the persistent cache) one phase for one arch and tile configuration; a
+    configuration the registry refuses (Phase.refuses) raises ValueError with its reason."""
+    refusal = get(phase_name).refuses(tile_params)
+    if refusal:
+        raise ValueError(f"{phase_name}: {refusal}")
     name = extension_name(phase_name, cc, tile_params)
     if name in _loaded:
         return _loaded[name]

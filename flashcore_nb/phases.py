@@ -117,6 +117,9 @@ class Phase:
     fallback_waves: tuple[float, float] = (0.0, math.inf)
     # The timing cases (shapes.py) its Nsight Compute profile covers: a large D = 64 problem and a D = 128 one
     profile_cases: tuple[str, ...] = ("b4h16_s2048", "b2h16_s4096_d128")
+    # Why a tile configuration is refused (a wrong result measured and not yet fixed), or None: load()
+    # and every experiment build through build_extension, which raises this reason instead of building.
+    refuses: Callable[[dict], str | None] = lambda params: None
 
     @property
     def kernel_file(self):
@@ -234,6 +237,16 @@ def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2), Buffer("mbarriers", 2 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
+
+
+def _p09_refuses(params: dict) -> str | None:
+    # Measured on the H100: without OVERLAP, 64-key tiles give wrong outputs (max error 0.4 at 1x8x512x64)
+    # as soon as a row sees two key tiles, with two consumers or three; one key tile, or 128-key tiles, or
+    # OVERLAP=1 are right. The cause is not found yet; D = 128 was not tried, so it is refused there too.
+    if not params["OVERLAP"] and 64 in (params["BLOCK_N"], params["BLOCK_N_D128"]):
+        return ("OVERLAP=0 with 64-key tiles (BLOCK_N or BLOCK_N_D128 = 64) gives wrong results: a known "
+                "phase 9 bug, not fixed yet; use OVERLAP=1 or 128-key tiles")
+    return None
 
 
 def p10_block_m(head_dim: int, params: dict) -> int:
@@ -534,6 +547,7 @@ _REGISTRY = [
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
+        refuses=_p09_refuses,
         variants=(
             # Chapter 9's ablation: each step of the schedule taken back, and the ring and tiles resized.
             variant("defaults", {}, "ablation"),
@@ -544,7 +558,8 @@ _REGISTRY = [
             variant("3 stages (D=128)", {"STAGES_D128": 3}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
             # three consumers get 160 registers each: 128-key tiles spill at D = 64, 64-key tiles do not
-            variant("three consumers, 64-key tiles (D=64)", {"CONSUMERS": 3, "PINGPONG": 0, "BLOCK_N": 64}, "ablation"),
+            variant("three consumers, 64-key tiles (D=64)", {"CONSUMERS": 3, "PINGPONG": 0, "BLOCK_N": 64}, "ablation",
+                    "test"),
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
@@ -554,9 +569,8 @@ _REGISTRY = [
             # the other shapes of the ring and the CTA
             variant("192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
                     {"BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize"),
-            # (three at D = 128 spill: 160 registers do not hold Q, O and S there)
-            variant("three consumers, 64-key tiles, no overlap (D=64)",
-                    {"CONSUMERS": 3, "PINGPONG": 0, "OVERLAP": 0, "BLOCK_N": 64}, "test"),
+            # (three at D = 128 spill: 160 registers do not hold Q, O and S there; without OVERLAP, 64-key
+            # tiles are refused: _p09_refuses)
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),

@@ -142,3 +142,20 @@ def test_the_validation_cache_key_changes_with_everything_validation_reads():
         assert key != base, what
     assert signature(q, q, q, False, None) == base
     assert signature([1], q, q, False, None) is None
+
+
+def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """p09 without OVERLAP and with 64-key tiles gave wrong outputs on the H100: the build refuses it with
+    the reason (before any compiler runs), and no variant the registry builds is one it refuses."""
+    from flashcore_nb import build
+    monkeypatch.setenv("FLASHCORE_BUILD_DIR", str(tmp_path))
+    p09 = PHASES["p09_warpspec"]
+    wrong = {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "BLOCK_N": 64}
+    with pytest.raises(ValueError, match="OVERLAP=0 with 64-key tiles .* known phase 9 bug"):
+        build.build_extension("p09_warpspec", 90, wrong)
+    assert not any(tmp_path.iterdir())
+    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0}) is None
+    assert p09.refuses({**p09.tile_params, "BLOCK_N": 64, "BLOCK_N_D128": 64}) is None
+    for phase in PHASES.values():
+        for v in phase.variants:
+            assert phase.refuses({**phase.tile_params, **v.defines}) is None, (phase.name, v.label)
