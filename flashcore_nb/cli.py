@@ -9,7 +9,7 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 (--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each
 checked and timed beside SDPA default, the defaults and the rung before (--phase p07_registers);
 profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs ncu), every
-chapter's "What limits it now"; peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth,
+chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth,
 the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
 problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
@@ -105,6 +105,9 @@ def main(argv=None) -> int:
         for name in runnable:
             print(f"{name}: {', '.join(get(name).profile_cases)} under ncu", flush=True)
             print("wrote", profile.record(name), flush=True)
+            if get(name).variants_tagged("rung"):
+                print(f"{name}: its rungs on {', '.join(profile.RUNG_CASES)} under ncu", flush=True)
+                print("wrote", profile.record_rungs(name), flush=True)
         return 0
     if args.command == "trace":
         for name in (n for n in names if n in trace.TRACED):

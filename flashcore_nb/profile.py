@@ -12,6 +12,10 @@ One `ncu` process per phase: the profiled program, `python -m flashcore_nb.profi
 each case up with the profiler off and brackets exactly one launch per case with cudaProfilerStart/Stop,
 so with `--profile-from-start off` ncu profiles one kernel per case, in the order of the cases.
 
+A phase with rungs (chapter 7: its kernel built up a technique or two at a time, the variants tagged
+"rung") gets a second record, `<phase>_rungs_profile`: the same counters for every rung on RUNG_CASES, so
+each rung's section can show what its change did to them.
+
 A kernel under the profiler runs alone, once, with the clocks left as they are: its duration is not a
 benchmark number (those come from graph replay beside SDPA); the proportions are what this records."""
 from __future__ import annotations
@@ -66,20 +70,29 @@ STALL_LABELS = {
     "barrier": "barrier (__syncthreads)",
 }
 WARMUPS = 2   # launches per case before the profiled one, with the profiler off
+# The rungs' cases: a large problem, where rungs 1-5 act, and the mission shape, where the key split does.
+RUNG_CASES = ("b4h16_s2048", "mission")
 
 
 def record_name(phase_name: str) -> str:
     return f"{phase_name}_profile"
 
 
-def command(phase_name: str) -> list[str]:
-    """ncu over the profiled program: one process for all of the phase's cases."""
+def rungs_record_name(phase_name: str) -> str:
+    return f"{phase_name}_rungs_profile"
+
+
+def command(phase_name: str, defines: dict | None = None, cases: tuple[str, ...] | None = None) -> list[str]:
+    """ncu over the profiled program: one process for all of the cases (by default the phase's own) of one
+    build (the defaults, or these defines over them)."""
+    from .sanitize import format_target
     phase = get(phase_name)
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return ["ncu", "--clock-control", "none", "--profile-from-start", "off",
             "--kernel-name", f"regex:{phase.kernel_name}", *sections,
             "--metrics", ",".join(COUNTERS.values()), "--print-units", "base", "--csv", "--page", "raw",
-            sys.executable, "-m", "flashcore_nb.profile", phase_name, *phase.profile_cases]
+            sys.executable, "-m", "flashcore_nb.profile", format_target(phase_name, defines or {}),
+            *(cases or phase.profile_cases)]
 
 
 def parse(text: str, counters: dict[str, str] = COUNTERS) -> list[dict]:
@@ -109,24 +122,26 @@ def _number(text: str) -> float:
 
 
 def prebuild(phase_names: list[str], cc: int) -> None:
-    """Compile the phases' default builds at once, in parallel, before any ncu process (which then finds
-    them in the build cache); raise on one that fails or where ncu is missing."""
+    """Compile the phases' default builds and their rungs at once, in parallel, before any ncu process
+    (which then finds them in the build cache); raise on one that fails or where ncu is missing."""
     from . import experiments
     from .build import CompileError, compile_message
     if shutil.which("ncu") is None:
         raise RuntimeError("ncu (Nsight Compute) is not on PATH")
-    builds = [(name, get(name).tile_params_for(cc)) for name in phase_names]
+    builds = [(name, {**get(name).tile_params_for(cc), **defines}) for name in phase_names
+              for defines in ({}, *get(name).variants_tagged("rung").values())]
     failures = [f"{name}: {compile_message(log)}"
                 for (name, _), log in zip(builds, experiments.compile_in_parallel(builds, cc)) if log]
     if failures:
         raise CompileError("\n".join(failures))
 
 
-def profile_phase(phase_name: str) -> list[dict]:
-    """The phase's cases under one ncu process: a row per case."""
-    cases = get(phase_name).profile_cases
-    proc = subprocess.run(command(phase_name), capture_output=True, text=True, cwd=ROOT, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def profile_phase(phase_name: str, defines: dict | None = None, cases: tuple[str, ...] | None = None) -> list[dict]:
+    """One build's cases (by default the phase's defaults on its own cases) under one ncu process: a row
+    per case."""
+    cases = cases or get(phase_name).profile_cases
+    proc = subprocess.run(command(phase_name, defines, cases), capture_output=True, text=True, cwd=ROOT,
+                          timeout=1800, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed on {phase_name} (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
     rows = parse(proc.stdout)
@@ -139,6 +154,15 @@ def record(phase_name: str) -> Path:
     from . import experiments
     rows = profile_phase(phase_name)
     return results.write(experiments.make_record(record_name(phase_name), phase_name, {"defaults": {}}, rows))
+
+
+def record_rungs(phase_name: str) -> Path:
+    """Every rung of the phase on RUNG_CASES, one ncu process per rung: rows carry the rung's label."""
+    from . import experiments
+    rungs = get(phase_name).variants_tagged("rung")
+    rows = [{"build": label, **row} for label, defines in rungs.items()
+            for row in profile_phase(phase_name, defines, RUNG_CASES)]
+    return results.write(experiments.make_record(rungs_record_name(phase_name), phase_name, rungs, rows))
 
 
 def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
@@ -160,27 +184,31 @@ def stall_label(reason: str) -> str:
     return STALL_LABELS.get(reason, reason.replace("_", " "))
 
 
-def limits_table(phase_name: str, gpu_slug: str = results.DEFAULT_GPU):
+def limits_table(phase_name: str, gpu_slug: str = results.DEFAULT_GPU, rungs: bool = False):
     """A chapter's "What limits it now, measured": (the table, formatted, and the provenance line), or
-    (None, what to run) where the phase's profile is not recorded for the GPU yet."""
+    (None, what to run) where the phase's profile is not recorded for the GPU yet. `rungs`: the rungs'
+    profile (a row per rung and case) instead of the defaults'."""
     from . import experiments, tables
-    name = record_name(phase_name)
+    name = rungs_record_name(phase_name) if rungs else record_name(phase_name)
     recorded = experiments.load_if_recorded(name, gpu_slug)
     if recorded is None:
-        return None, experiments.missing_message(name, f"{phase_name}'s Nsight Compute profile",
-                                                 f"profile --phase {phase_name}", gpu_slug)
+        what = f"{phase_name}'s {'rungs under ' if rungs else ''}Nsight Compute profile"
+        return None, experiments.missing_message(name, what, f"profile --phase {phase_name}", gpu_slug)
     table = tables.limits(recorded).style.format(precision=2, na_rep="–").hide(axis="index")
     return table, experiments.provenance(recorded)
 
 
-def main(phase_name: str, *case_names: str) -> int:
-    """The profiled program: per case, WARMUPS launches with the profiler off, then one with it on."""
+def main(target: str, *case_names: str) -> int:
+    """The profiled program: one build ('phase' or 'phase:NAME=value,...'); per case, WARMUPS launches
+    with the profiler off, then one with it on."""
     import torch
 
     from . import shapes
     from .binding import load
     from .check import make_inputs
-    fn = load(phase_name)
+    from .sanitize import parse_target
+    phase_name, defines = parse_target(target)
+    fn = load(phase_name, **defines)
     for case in shapes.select(",".join(case_names)):
         q, k, v = make_inputs(case, torch.float16, seed=1)
         for _ in range(WARMUPS):

@@ -153,7 +153,8 @@ TOP_STALLS = 3
 
 
 def limits(record: dict) -> pd.DataFrame:
-    """A phase's recorded profile (profile.py), a row per case: registers, achieved occupancy, warps per
+    """A phase's recorded profile (profile.py), a row per case (per build and case for the rungs' profile,
+    the build first): registers, achieved occupancy, warps per
     scheduler and how many of them can issue, tensor-pipe and issue-slot busy shares, the share of
     shared-memory wavefronts that bank conflicts add, the cycles between two instructions of a warp, and
     the largest stall reasons in them. Counters a record predates read NaN."""
@@ -163,7 +164,8 @@ def limits(record: dict) -> pd.DataFrame:
             return run.get(key, math.nan)
         wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
         conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
-        row = {"case": run["case"], "registers": int(run["registers"]),
+        row = {**({"build": run["build"]} if "build" in run else {}), "case": run["case"],
+               "registers": int(run["registers"]),
                "occupancy %": counter("achieved_occupancy_pct"), "warps / scheduler": counter("warps_per_scheduler"),
                "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": counter("tensor_pipe_pct"),
                "issue busy %": counter("issue_busy_pct"),

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flashcore_nb import cli, experiments, profile, shapes, tables
+from flashcore_nb import cli, experiments, profile, sanitize, shapes, tables
 from flashcore_nb.phases import PHASES
 
 FIXTURE = Path(__file__).parent / "data" / "ncu_raw_page.csv"   # trimmed from a real H100 run
@@ -161,9 +161,46 @@ def test_cli_profiles_each_phase_the_gpu_runs_and_says_which_it_skips(monkeypatc
     monkeypatch.setattr(cli.env, "gpu", lambda: SimpleNamespace(cc=80))
     monkeypatch.setattr(profile, "prebuild", lambda names, cc: built.extend(names))
     monkeypatch.setattr(profile, "record", lambda name: recorded.append(name) or f"{name}.json")
+    monkeypatch.setattr(profile, "record_rungs", lambda name: recorded.append(f"{name} rungs") or f"{name}.json")
     assert cli.main(["profile"]) == 0
     runnable = [name for name, phase in PHASES.items() if phase.runs_on(80)]
-    assert built == runnable and recorded == runnable
+    # a phase with rungs (chapter 7's) gets its rungs' profile right after its own
+    assert built == runnable and recorded == [entry for name in runnable for entry in
+                                              (name, *([f"{name} rungs"] if PHASES[name].variants_tagged("rung") else []))]
+    assert "p07_registers rungs" in recorded
     assert "p08_wgmma: skipped, it needs an sm_90 GPU" in capsys.readouterr().out
     recorded.clear()
     assert cli.main(["profile", "--phase", "p10_splitkv"]) == 0 and recorded == ["p10_splitkv"]
+
+
+def test_a_rung_is_profiled_as_its_own_build_on_the_rung_cases():
+    rungs = PHASES["p07_registers"].variants_tagged("rung")
+    first_label, first = next(iter(rungs.items()))
+    cmd = profile.command("p07_registers", first, profile.RUNG_CASES)
+    target = cmd[cmd.index("flashcore_nb.profile") + 1]
+    assert sanitize.parse_target(target) == ("p07_registers", first)
+    assert cmd[-len(profile.RUNG_CASES):] == list(profile.RUNG_CASES)
+    # the last rung is the defaults themselves: the plain phase name
+    assert profile.command("p07_registers", {}, profile.RUNG_CASES)[-3] == "p07_registers"
+
+
+def test_the_rungs_record_has_a_row_per_rung_and_case_and_goes_stale_with_a_rung(monkeypatch, tmp_path):
+    rungs = PHASES["p07_registers"].variants_tagged("rung")
+    calls = []
+
+    def fake_profile(phase_name, defines=None, cases=None):
+        calls.append((phase_name, defines, cases))
+        [row] = profile.parse(raw_page([kernel()]))
+        return [{"case": case, **row} for case in cases]
+
+    written = {}
+    monkeypatch.setattr(profile, "profile_phase", fake_profile)
+    monkeypatch.setattr(profile.results, "write", lambda record: written.setdefault("record", record) and "x.json")
+    profile.record_rungs("p07_registers")
+    record = written["record"]
+    assert [c[1] for c in calls] == list(rungs.values()) and all(c[2] == profile.RUNG_CASES for c in calls)
+    assert [(r["build"], r["case"]) for r in record["rows"]] == \
+        [(label, case) for label in rungs for case in profile.RUNG_CASES]
+    assert set(record["builds"]) == set(rungs) and experiments.stale_builds(record) == []
+    table = tables.limits(record)
+    assert list(table.columns[:2]) == ["build", "case"] and len(table) == len(rungs) * len(profile.RUNG_CASES)
