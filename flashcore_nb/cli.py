@@ -9,8 +9,8 @@ chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configur
 (--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each
 checked and timed beside SDPA default, the defaults and the rung before (--phase p07_registers);
 profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs ncu), every
-chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth,
-the roofline's ceilings; drift: why SDPA's FA2 time moved between
+chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured fp16/bf16
+matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
 records (the methodology page's experiment); split: where p07's key-split path pays, on small
 problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
 problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one

@@ -154,10 +154,10 @@ TOP_STALLS = 3
 
 def limits(record: dict) -> pd.DataFrame:
     """A phase's recorded profile (profile.py), a row per case (per build and case for the rungs' profile,
-    the build first): registers, achieved occupancy, warps per
-    scheduler and how many of them can issue, tensor-pipe and issue-slot busy shares, the share of
-    shared-memory wavefronts that bank conflicts add, the cycles between two instructions of a warp, and
-    the largest stall reasons in them. Counters a record predates read NaN."""
+    the build first): registers, achieved occupancy, warps per scheduler and how many of them can issue,
+    tensor-pipe and issue-slot busy shares, the share of shared-memory wavefronts that bank conflicts add,
+    the cycles between two instructions of a warp, and the largest stall reasons in them. Counters a
+    record predates read NaN."""
     rows = []
     for run in record["rows"]:
         def counter(key):
