@@ -16,8 +16,9 @@
 // Switches, one per step of chapter 9 (each changes the speed, never the result):
 //   OVERLAP=1  each step issues tile t's Q·Kᵀ together with tile t-1's P·V, so a warpgroup's softmax
 //              runs while its own P·V is in flight (FlashAttention-3's intra-warpgroup pipelining);
-//   PINGPONG=1 (needs OVERLAP and 2 consumers) the two consumer warpgroups take turns to issue their
-//              wgmmas through two named barriers, so one's softmax overlaps the other's GEMMs;
+//   PINGPONG=1 (needs OVERLAP) the consumer warpgroups take turns, round robin, to issue their wgmmas
+//              through one named barrier each, so one's softmax overlaps the others' GEMMs;
+//   Q_IN_SHARED=1 Q·Kᵀ reads Q from shared memory, not registers (room for three consumers);
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
@@ -66,7 +67,7 @@
 #define BLOCK_N_D128 128
 #endif
 #ifndef STAGES_D128
-#define STAGES_D128 2
+#define STAGES_D128 3
 #endif
 #ifndef OVERLAP
 #define OVERLAP 1
@@ -77,10 +78,62 @@
 #ifndef PERSISTENT
 #define PERSISTENT 1
 #endif
+// Q_IN_SHARED=1: Q·Kᵀ reads Q from its shared-memory tile (both wgmma operands from shared memory), so a
+// consumer keeps no Q fragments in registers: 16 (D = 64) or 32 (D = 128) registers fewer, the room three
+// consumers of 160 registers need for 128-key tiles. Q's buffer is then released after the work item's last
+// Q·Kᵀ instead of once Q is in registers.
+#ifndef Q_IN_SHARED
+#define Q_IN_SHARED 0
+#endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS -1
 #endif
+
+// S = Q·Kᵀ with both operands in shared memory (Q_IN_SHARED): Q's tile as TMA wrote it (`q_rows` rows per
+// 64-column box, this warpgroup's 64 rows from `q_base`), K's as issue_scores reads it. K-major A and B.
+#define P09_D8(i)                                                                                   \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),        \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define P09_WGMMA_M64N64K16_SS(TYPE)                                                                  \
+  asm volatile(                                                                                       \
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE "\n"                                \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"                                \
+      "%32, %33, accumulate, 1, 1, 0, 0;\n}\n"                                                       \
+      : P09_D8(0), P09_D8(8), P09_D8(16), P09_D8(24)                                                  \
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                   int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) {
+    P09_WGMMA_M64N64K16_SS("f16");
+  } else {
+    P09_WGMMA_M64N64K16_SS("bf16");
+  }
+}
+#undef P09_WGMMA_M64N64K16_SS
+#undef P09_D8
+
+template <typename T, int kHeadDim, int kBlockN>
+__device__ __forceinline__ void issue_scores_shared_q(WarpgroupAttention<T, kHeadDim, kBlockN>& rows, uint32_t q_base,
+                                                      int q_rows, uint32_t k_base) {
+  using Rows = WarpgroupAttention<T, kHeadDim, kBlockN>;
+#pragma unroll
+  for (int j = 0; j < Rows::kKeyBlocks; ++j) fence_accumulators(rows.s[j]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Rows::kKSteps; ++kk)
+#pragma unroll
+    for (int j = 0; j < Rows::kKeyBlocks; ++j) {
+      const uint32_t q_address = q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32;
+      const uint32_t k_address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
+      wgmma_m64n64k16_ss<T>(rows.s[j], smem_descriptor_128b(q_address, 16), smem_descriptor_128b(k_address, 16),
+                            kk > 0);
+    }
+  wgmma_commit();
+}
 
 template <int kHeadDim>
 struct Tiles {
@@ -89,7 +142,7 @@ struct Tiles {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
   static constexpr int kStages = kHeadDim == 128 ? STAGES_D128 : STAGES;
-  static constexpr bool kPingPong = PINGPONG && kConsumers == 2;
+  static constexpr bool kPingPong = PINGPONG;
   // Registers per thread: every thread starts with 65536 / kThreads (rounded down to a multiple of 8,
   // ptxas's cap under __launch_bounds__(kThreads, 1)); the producer gives all but 24 back and the
   // consumers share what it freed.
@@ -272,7 +325,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // The struct's steps, each stamped in a TRACE=1 build; the buffers are the ring entries' of the item.
   auto issue_scores = [&](int tile) {
     trace.stamp(kTraceScoresIssue, items_done, tile);
-    rows.issue_scores(smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes));
+    const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
+    if constexpr (Q_IN_SHARED)
+      issue_scores_shared_q(rows, smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
+    else
+      rows.issue_scores(k_base);
+  };
+  // Q's buffer is free for the next item once every consumer warp is done reading it: right after
+  // load_q, or (Q_IN_SHARED) once the item's last Q·Kᵀ of this warpgroup has landed.
+  const auto release_q = [&]() {
+    fence_proxy_async();   // these reads of Q come before the copy engine's next write there
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&bars.q_empty);
   };
   auto issue_values = [&](int tile) {
     trace.stamp(kTraceValuesIssue, items_done, tile);
@@ -282,6 +346,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   auto scores_landed = [&](int tile) {
     rows.scores_landed();
     trace.stamp(kTraceScoresDone, items_done, tile);
+    if (Q_IN_SHARED && tile == my_tiles - 1) release_q();
   };
   auto output_landed = [&](int tile) {
     rows.output_landed();
@@ -293,11 +358,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceSoftmaxEnd, items_done, tile);
   };
 
-  // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the
-  // other after issuing, and consumer 1 gives consumer 0 the first turn of every work item. Both take
-  // all key_tiles + 1 steps of an item (issuing nothing in those past their own tiles), so every turn
-  // handed over is taken, except the one consumer 1 would hand over at the item's end.
+  // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the next
+  // (round robin) after issuing, and the last gives consumer 0 the first turn of every work item. All
+  // take all key_tiles + 1 steps of an item (issuing nothing in those past their own tiles), so every turn
+  // handed over is taken, except the one the last consumer would hand over at the item's end. A barrier
+  // counts the 128 threads that wait on it and the 128 that arrive.
   constexpr uint32_t kTurnThreads = 256;
+  constexpr int kLastConsumer = Cfg::kConsumers - 1;
+  const int next_consumer = consumer == kLastConsumer ? 0 : consumer + 1;
   const auto take_turn = [&](int step) {
     if (Cfg::kPingPong) {
       trace.stamp(kTraceTurnWait, items_done, step);
@@ -306,8 +374,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     }
   };
   const auto hand_over_turn = [&](int step) {
-    if (Cfg::kPingPong && !(consumer == 1 && step == key_tiles)) {
-      named_barrier_arrive(2 - consumer, kTurnThreads);
+    if (Cfg::kPingPong && !(consumer == kLastConsumer && step == key_tiles)) {
+      named_barrier_arrive(1 + next_consumer, kTurnThreads);
       trace.stamp(kTraceTurnHanded, items_done, step);
     }
   };
@@ -323,17 +391,17 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceQWaitBegin, items_done);
     mbarrier_wait(&bars.q_full, items_done & 1);
     trace.stamp(kTraceQWaitEnd, items_done);
-    rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
-    fence_proxy_async();   // these reads of Q come before the copy engine's next write there
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&bars.q_empty);
+    if constexpr (!Q_IN_SHARED) {
+      rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
+      release_q();
+    }
     rows.reset();
 
     if constexpr (OVERLAP) {
       // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
       // softmax of tile `step` while that P·V runs. Each branch waits for every wgmma it issues: ptxas
       // then knows that none is in flight where the branches meet, and does not serialise them.
-      if (Cfg::kPingPong && consumer == 1) {
+      if (Cfg::kPingPong && consumer == kLastConsumer) {
         named_barrier_arrive(1, kTurnThreads);
         trace.stamp(kTraceTurnHanded, items_done);
       }
