@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", action="store_true",
                         help="record: write to results/repeat/ (a second run, to show that two runs agree)")
     args = parser.parse_args(argv)
+    results.current_commit()  # a mistyped FLASHCORE_COMMIT stops here, before any GPU time is spent
     names = list(PHASES) if args.phase == "all" else [get(args.phase).name]
 
     if args.command == "info":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,9 +41,13 @@ def path_for(phase_name: str, gpu_slug: str, root: Path = RESULTS_DIR) -> Path:
 
 def current_commit() -> str:
     """The commit the measured sources belong to. The device machine gets a copy of the tree with no
-    .git, so the caller passes it there through FLASHCORE_COMMIT."""
-    if os.environ.get("FLASHCORE_COMMIT"):
-        return os.environ["FLASHCORE_COMMIT"]
+    .git, so the caller passes it there through FLASHCORE_COMMIT: the full 40-digit sha, checked here so that
+    a mistyped one fails before any GPU time is spent rather than landing in a record."""
+    given = os.environ.get("FLASHCORE_COMMIT")
+    if given:
+        if not re.fullmatch(r"[0-9a-f]{40}", given):
+            raise ValueError(f"FLASHCORE_COMMIT must be a full 40-digit commit sha, got {given!r}")
+        return given
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()

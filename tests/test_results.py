@@ -22,6 +22,14 @@ def test_records_follow_the_schema_and_are_current(path, record):
     assert all(run["passed"] and run["unwritten"] == 0 for run in record["runs"])
 
 
+def test_a_mistyped_commit_is_refused(monkeypatch):
+    monkeypatch.setenv("FLASHCORE_COMMIT", "b49fe5f2")
+    with pytest.raises(ValueError, match="full 40-digit commit sha"):
+        results.current_commit()
+    monkeypatch.setenv("FLASHCORE_COMMIT", "b49fe5f7a3f2d607dd589d231ff5f5692415e20e")
+    assert results.current_commit() == "b49fe5f7a3f2d607dd589d231ff5f5692415e20e"
+
+
 def test_schema_violations_are_named():
     record = copy.deepcopy(RECORDS[0][1])
     del record["env"]["driver"]
