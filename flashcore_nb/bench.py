@@ -241,6 +241,26 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
     return ours
 
 
+def side_by_side(fns: dict, case_name: str, dtype=torch.float16, rounds: int = ROUNDS):
+    """The "Try this" exercises' timer: builds of a phase (label -> function, e.g. flashcore_nb.load(name) and the
+    same with one switch changed), each checked once on a case of shapes.py, then timed with SDPA default in the
+    same interleaved rounds. A table, one row per build: the check, the median GPU time and its spread over the
+    rounds, and the GPU time paired with the first build's and with SDPA default's."""
+    import pandas as pd
+
+    from .check import check
+    from .shapes import select
+    case = select(case_name)[0]
+    checks = {label: check(fn, case, dtype) for label, fn in fns.items()}
+    timings = compare(fns, case, ("sdpa_default",), dtype, rounds)
+    first = next(iter(fns))
+    return pd.DataFrame([{"build": label, "correct": checks[label].passed, "GPU µs": timings[label]["gpu_us"],
+                          "spread µs": f"{timings[label]['gpu_us_min']:.1f}-{timings[label]['gpu_us_max']:.1f}",
+                          f"GPU time / {first}": paired_ratio(timings[label], timings[first]),
+                          "GPU time / SDPA default": paired_ratio(timings[label], timings["sdpa_default"])}
+                         for label in fns])
+
+
 def baseline_us(baselines: dict | None, name: str) -> float | None:
     """GPU time of one baseline from a run's `baselines` (None where it did not run)."""
     timing = (baselines or {}).get(name)

@@ -18,5 +18,9 @@ def test_book_builds_without_warnings(tmp_path, monkeypatch):
     assert page.count("<img") >= 3, "chapter 1 should render its figures"
     assert "<details><summary>every case" in page, "the correctness table folds under its summary"
     assert "On Colab: fetch" not in page, "the Colab setup cell runs on Colab, not on the page"
+    for chapter in sorted((html / "notebooks").glob("*.html")):
+        text = chapter.read_text()
+        for leftover in ("output stderr", "compiling the launcher", "Traceback (most recent call last)"):
+            assert leftover not in text, f"{chapter.name} shows {leftover!r}: compile progress and stderr stay off the page"
     explorer = (html / "notebooks" / "05_tile64.html").read_text()
     assert "every configuration of the sweep on the H100" in explorer, "the tile explorer's static view"

@@ -234,6 +234,16 @@ def test_triton_peer_is_correct(cuda, dtype):
             assert result.unwritten == 0 and result.passed, result
 
 
+def test_side_by_side_checks_and_pairs_builds(cuda):
+    from flashcore_nb.bench import side_by_side
+    table = side_by_side({"defaults": flashcore_nb.load("p03_wmma"), "again": flashcore_nb.load("p03_wmma"),
+                          "phase 1": flashcore_nb.load("p01_baseline")}, "mission")
+    assert list(table["build"]) == ["defaults", "again", "phase 1"] and table["correct"].all()
+    ratios = table["GPU time / defaults"]
+    assert ratios[0] == 1.0 and 0.8 < ratios[1] < 1.25, "the same build, paired with itself"
+    assert ratios[2] > 3, "phase 1 is many times slower than phase 3 at the mission shape"
+
+
 def test_bench_times_every_baseline_in_interleaved_rounds(cuda):
     from flashcore_nb import bench
     run = bench.bench_case(flashcore_nb.load("p01_baseline"), Case("small", 1, 2, 128, 64), rounds=3)
