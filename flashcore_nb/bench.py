@@ -241,16 +241,16 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
     return ours
 
 
-def side_by_side(fns: dict, case_name: str, dtype=torch.float16, rounds: int = ROUNDS):
+def side_by_side(fns: dict, case: str | Case, dtype=torch.float16, rounds: int = ROUNDS):
     """The "Try this" exercises' timer: builds of a phase (label -> function, e.g. flashcore_nb.load(name) and the
-    same with one switch changed), each checked once on a case of shapes.py, then timed with SDPA default in the
-    same interleaved rounds. A table, one row per build: the check, the median GPU time and its spread over the
+    same with one switch changed), each checked once on a case (a name from shapes.py, or a shapes.Case of your
+    own), then timed with SDPA default in the same interleaved rounds. A table, one row per build: the check, the median GPU time and its spread over the
     rounds, and the GPU time paired with the first build's and with SDPA default's."""
     import pandas as pd
 
     from .check import check
     from .shapes import select
-    case = select(case_name)[0]
+    case = select(case)[0] if isinstance(case, str) else case
     checks = {label: check(fn, case, dtype) for label, fn in fns.items()}
     timings = compare(fns, case, ("sdpa_default",), dtype, rounds)
     first = next(iter(fns))

@@ -3,6 +3,7 @@ itself runs in the GPU suite)."""
 from types import SimpleNamespace
 
 from flashcore_nb import bench, check
+from flashcore_nb.shapes import Case
 
 
 def test_side_by_side_pairs_every_build_with_the_first_and_sdpa(monkeypatch):
@@ -23,3 +24,5 @@ def test_side_by_side_pairs_every_build_with_the_first_and_sdpa(monkeypatch):
     assert list(table["GPU time / defaults"]) == [1.0, 0.9]          # median of 0.9, 1.0, 0.9
     assert list(table["GPU time / SDPA default"]) == [0.5, 0.45]
     assert table["spread µs"][1] == "9.0-12.0"
+    bench.side_by_side({"defaults": "right"}, Case("mine", 2, 8, 1024, 64))
+    assert timed_cases[-1] == ("mine", ("sdpa_default",))
