@@ -21,7 +21,6 @@ benchmark number (those come from graph replay beside SDPA); the proportions are
 from __future__ import annotations
 
 import csv
-import math
 import os
 import re
 import shutil
@@ -167,13 +166,13 @@ def record_rungs(phase_name: str) -> Path:
 
 def runs(phase_name: str = PHASE, gpu_slug: str = results.DEFAULT_GPU) -> tuple[pd.DataFrame, str]:
     """The recorded profile, a row per case, stall reasons as columns (cycles per issued instruction);
-    reasons without a label of their own are summed as "other". Counters a record predates are NaN."""
+    reasons without a label of their own are summed as "other"."""
     from . import experiments
     recorded = experiments.load(record_name(phase_name), gpu_slug)
     rows = []
     for row in recorded["rows"]:
         stalls = dict(row["stalls"])
-        flat = {"case": row["case"], **{key: row.get(key, math.nan) for key in COUNTERS}}
+        flat = {"case": row["case"], **{key: row[key] for key in COUNTERS}}
         flat.update({label: stalls.pop(reason, 0.0) for reason, label in STALL_LABELS.items()})
         flat["other"] = sum(stalls.values())
         rows.append(flat)

@@ -156,21 +156,18 @@ def limits(record: dict) -> pd.DataFrame:
     """A phase's recorded profile (profile.py), a row per case (per build and case for the rungs' profile,
     the build first): registers, achieved occupancy, warps per scheduler and how many of them can issue,
     tensor-pipe and issue-slot busy shares, the share of shared-memory wavefronts that bank conflicts add,
-    the cycles between two instructions of a warp, and the largest stall reasons in them. Counters a
-    record predates read NaN."""
+    the cycles between two instructions of a warp, and the largest stall reasons in them."""
     rows = []
     for run in record["rows"]:
-        def counter(key):
-            return run.get(key, math.nan)
-        wavefronts = counter("smem_ld_wavefronts") + counter("smem_st_wavefronts")
-        conflicts = counter("smem_ld_conflicts") + counter("smem_st_conflicts")
+        wavefronts = run["smem_ld_wavefronts"] + run["smem_st_wavefronts"]
+        conflicts = run["smem_ld_conflicts"] + run["smem_st_conflicts"]
         row = {**({"build": run["build"]} if "build" in run else {}), "case": run["case"],
                "registers": int(run["registers"]),
-               "occupancy %": counter("achieved_occupancy_pct"), "warps / scheduler": counter("warps_per_scheduler"),
-               "eligible / scheduler": counter("eligible_per_scheduler"), "tensor pipe %": counter("tensor_pipe_pct"),
-               "issue busy %": counter("issue_busy_pct"),
+               "occupancy %": run["achieved_occupancy_pct"], "warps / scheduler": run["warps_per_scheduler"],
+               "eligible / scheduler": run["eligible_per_scheduler"], "tensor pipe %": run["tensor_pipe_pct"],
+               "issue busy %": run["issue_busy_pct"],
                "bank-conflict wavefronts %": 100.0 * conflicts / wavefronts if wavefronts else math.nan,
-               "cycles / issue": counter("cycles_per_issue")}
+               "cycles / issue": run["cycles_per_issue"]}
         # "selected" is the issue itself, one cycle per instruction: not a wait
         stalls = sorted(((cycles, reason) for reason, cycles in run["stalls"].items() if reason != "selected"),
                         reverse=True)
