@@ -750,10 +750,11 @@ def grid_speed(frame: pd.DataFrame, title: str, worst_target: float | None = Non
 # --- where each kernel wins: TFLOP/s against the sequence length (seqlen.frame) ------------------------------
 
 CURVE_MARKERS = {"sdpa_default": "o", "sdpa_cudnn": "D", "sdpa_flash": "s", "triton": "v"}
+STRIP_BAND = 0.14   # the share of a panel's height under its curves that the strip of the fastest methods takes
 
 
 def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None):
-    """TFLOP/s against the sequence length (log2 axis), one panel per head dim and mask, one line per method
+    """TFLOP/s (log) against the sequence length (log2 axis), one panel per head dim and mask, one line per method
     (every phase, cuDNN, FA2 and the Triton peer), its spread over the rounds shaded; a cross marks a phase's point
     whose check failed. Under each panel a strip names the fastest method at each S (a phase only where its check
     passed): where its colour changes, a curve crossed another. `one_wave`: the S at which the problem makes one
@@ -779,21 +780,28 @@ def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None
                             linewidth=0)
             wrong = line[line["correct"].map(lambda c: c is False)]
             ax.scatter(wrong["seqlen"], wrong["tflops"], marker="x", s=60, color="black", zorder=4)
-        strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates: the strip's own band below 0
+        strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates: the strip's own band at the bottom
         for s, method in _fastest(part, False).items():
             ax.scatter([s], [0.035], marker="s", s=60, color=colors.get(method, "#7f7f7f"), transform=strip, zorder=4)
-            ax.text(s, 0.07, _short(method), transform=strip, ha="center", fontsize=6)
-        if one_wave is not None:
+            ax.text(s, 0.07, _short(method), transform=strip, ha="center", fontsize=7)
+        if one_wave is not None:   # labelled low, just over the strip, clear of the curves that have climbed by then
             ax.axvline(one_wave, color="#444444", linestyle=":", linewidth=1)
-            ax.text(one_wave, 0.97, " one wave of\n 128-row tiles", transform=strip, fontsize=6, va="top")
+            ax.text(one_wave, STRIP_BAND + 0.03, " one wave of\n 128-row tiles", transform=strip, fontsize=7,
+                    va="bottom")
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqlens, [_seqlen(s) for s in seqlens])
         ax.xaxis.set_minor_locator(plt.matplotlib.ticker.NullLocator())
-        top = max(part["tflops_high"].max(), 1.0) * 1.1
-        ax.set_ylim(bottom=-0.14 * top, top=top)
-        ax.axhline(0, color="#bbbbbb", linewidth=0.8)
-        ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= top])
-        ax.set_ylabel("TFLOP/s")
+        # Log TFLOP/s: short sequences run at a few TFLOP/s and long ones at hundreds, and both ends matter (who
+        # leads where the GPU is not full, and who where it is). The strip takes the band below the lowest point.
+        low, high = max(part["tflops_low"].min(), 1e-3), max(part["tflops_high"].max(), 1e-3) * 1.25
+        bottom = low / (high / low) ** (STRIP_BAND / (1 - STRIP_BAND))
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=bottom, top=high)
+        ax.axhline(low / (high / low) ** (0.02 / (1 - STRIP_BAND)), color="#bbbbbb", linewidth=0.8)
+        ticks = [m * 10.0 ** e for e in range(-3, 6) for m in (1, 2, 5) if low / 1.5 <= m * 10.0 ** e <= high]
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.yaxis.set_minor_locator(plt.matplotlib.ticker.NullLocator())
+        ax.set_ylabel("TFLOP/s (log)")
         ax.set_title(f"D = {head_dim}, {'causal' if causal else 'no mask'}", fontsize=9)
         ax.grid(alpha=0.3)
     for ax in axes[-1]:

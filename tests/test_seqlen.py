@@ -171,6 +171,9 @@ def test_the_curves():
     assert len(panels) == 4
     for ax in panels:
         assert ax.get_xscale() == "log" and ax.get_xaxis().get_scale() == "log"
+        assert ax.get_yscale() == "log"   # short and long sequences both readable
+        low, _ = ax.get_ylim()
+        assert 0 < low < min(line.get_ydata().min() for line in ax.lines if not line.get_label().startswith("_"))
         assert list(ax.get_xticks()) == list(shapes.SEQLEN_SEQLENS)
     assert [t.get_text() for t in panels[-1].get_xticklabels()] == ["128", "256", "512", "1k", "2k", "4k", "8k", "16k"]
     lines = {ax.get_title(): [l.get_label() for l in ax.lines if not l.get_label().startswith("_")] for ax in panels}
