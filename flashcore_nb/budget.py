@@ -203,6 +203,88 @@ def p10_launch(case, params: dict, sms: int, clusters: bool = True) -> dict:
             "keys per CTA": min(case.sk, -(-key_tiles // splits) * block_n)}
 
 
+# --- the grid each phase launches, on any GPU: the calculator's CTAs and waves (widgets.phase_calculator) --
+
+@dataclass(frozen=True)
+class Grid:
+    configuration: str      # the launch path in words
+    split: bool             # smem_bytes / threads_per_block's `split`: the phase's key-split path
+    kernel: str             # which of the phase's kernels runs ("" where a head dim has one): what registers match
+    work_items: int         # what the CTAs compute: query tiles (x key splits), one CTA each unless persistent
+    # None: one CTA per work item; "resident": persistent, no more CTAs than are resident at once (the
+    # occupancy API's count); "one per SM": persistent, one CTA per SM. persistent_ctas > 0: that many, fixed.
+    persistent: str | None = None
+    persistent_ctas: int = 0
+
+    def slots(self, gpu: GpuLimits, occ: Occupancy) -> int:
+        """CTAs that can run at once, a wave: those resident per SM on every SM, and for a persistent grid
+        no more than it launches for a grid of enough work items."""
+        resident = occ.blocks_per_sm * gpu.sm_count
+        if self.persistent_ctas > 0 and self.persistent:
+            return min(self.persistent_ctas, resident)
+        return min(gpu.sm_count, resident) if self.persistent == "one per SM" else resident
+
+    def ctas(self, gpu: GpuLimits, occ: Occupancy) -> int:
+        """The CTAs the kernel launches on `gpu` when `occ` of them are resident per SM."""
+        if not self.persistent:
+            return self.work_items
+        # the kernel's cap: PERSISTENT_CTAS where given (resident or not), else what it counts as resident
+        cap = self.persistent_ctas if self.persistent_ctas > 0 else self.slots(gpu, occ)
+        return min(self.work_items, cap)
+
+    def waves(self, gpu: GpuLimits, occ: Occupancy) -> float:
+        """Rounds of work items over the CTAs that run at once (a persistent CTA walks one item per round);
+        below 1, part of the GPU idles."""
+        return self.work_items / self.slots(gpu, occ) if occ.fits else float("inf")
+
+
+def _tile_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    return Grid(f"{params['BLOCK_M']}-row query tiles", False, "", query_tiles(case, params["BLOCK_M"]))
+
+
+def _p07_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    launch = p07_launch(case, params, gpu.sm_count)
+    split = launch["configuration"] != "p07 large tiles"
+    # the key-split configuration keeps one query tile per CTA; the large tiles are persistent (PERSISTENT=1)
+    persistent = "resident" if params["PERSISTENT"] and not split else None
+    return Grid(f"{launch['configuration']}, {launch['rows per CTA']} rows per CTA", split,
+                "key split" if split else "large tiles", launch["CTAs"], persistent, params["PERSISTENT_CTAS"])
+
+
+def _p08_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    rows = 64 * p08_tiles(case.head_dim, params)[0]
+    return Grid(f"{rows} rows per CTA", False, "", query_tiles(case, rows))
+
+
+def _p09_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    rows = 64 * p09_tiles(case.head_dim, params)[0]
+    return Grid(f"{rows}-row work items" + (", persistent" if params["PERSISTENT"] else ""), False, "",
+                query_tiles(case, rows), "one per SM" if params["PERSISTENT"] else None, params["PERSISTENT_CTAS"])
+
+
+def _p10_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    clusters = gpu.cc >= 90
+    launch = p10_launch(case, params, gpu.sm_count, clusters)
+    config = launch["configuration"] + ("" if clusters else " (no clusters before sm_90)")
+    return Grid(config, False, "clustered" if launch["CTAs per query tile"] > 1 else "one CTA per tile",
+                launch["CTAs"])
+
+
+# Phases whose CTAs are not one BLOCK_M-row query tile each; any other phase with BLOCK_M gets _tile_grid.
+_GRIDS = {"p07_registers": _p07_grid, "p08_wgmma": _p08_grid, "p09_warpspec": _p09_grid, "p10_splitkv": _p10_grid}
+
+
+def grid(phase_name: str, case, tile_params: dict | None, gpu: GpuLimits) -> Grid:
+    """The grid the phase launches for `case` on `gpu` (tile_params over the registry defaults), by the
+    kernel's own host rules: p07_launch's path and its persistent cap, p08's warpgroups, p09's work items
+    walked by one CTA per SM, p10_launch's key splits (none without clusters)."""
+    params = _params(phase_name, tile_params)
+    build = _GRIDS.get(phase_name)
+    if build is None and "BLOCK_M" not in params:
+        raise ValueError(f"{phase_name} has no tile parameters to size its grid from")
+    return (build or _tile_grid)(case, params, gpu)
+
+
 # --- one key tile's work on an H100 SM: a prediction from documented rates ------------------------------
 
 # Per SM per clock on the H100 SXM: dense fp16/bf16 tensor-core FLOPs (989.4 TFLOP/s over 132 SMs at the

@@ -7,8 +7,8 @@ configuration's row of the recorded sweep. A static page, which cannot run the w
 static_view in its place: the same calculator as tables."""
 from __future__ import annotations
 
+import dataclasses
 import html
-import math
 
 import pandas as pd
 
@@ -20,17 +20,82 @@ CASE = shapes.MISSION
 
 def calculator(phase_name: str, params: dict, registers: int, head_dim: int = CASE.head_dim,
                case: shapes.Case = CASE) -> pd.DataFrame:
-    """Per GPU: does the CTA fit, how many are resident per SM, and how many waves `case` takes."""
+    """Per GPU: does the CTA fit, how many are resident per SM, and how many waves `case` takes, for one
+    tile configuration on every GPU (chapters 5 and 6: one CTA per BLOCK_M-row query tile)."""
     threads = budget.threads_per_block(phase_name, params, head_dim)
     smem = budget.smem_bytes(phase_name, head_dim, params)
-    ctas = math.ceil(case.seqlen_q / params["BLOCK_M"]) * case.heads * case.batch
     rows = []
     for gpu in budget.GPUS.values():
-        occ = budget.occupancy(gpu, threads, registers, smem)
-        rows.append({"GPU": gpu.name, "smem KB": smem / 1024, "fits": occ.fits, "CTAs/SM": occ.blocks_per_sm,
-                     "occupancy %": 100 * occ.occupancy, "limiter": occ.limiter,
-                     f"CTAs ({case.name})": ctas, "waves": budget.waves(gpu, occ, ctas)})
+        grid = budget.grid(phase_name, case, params, gpu)
+        rows.append({"GPU": gpu.name, **_cost(gpu, grid, threads, registers, smem, case)})
     return pd.DataFrame(rows)
+
+
+def _cost(gpu: budget.GpuLimits, grid: budget.Grid, threads: int, registers: int, smem: int,
+          case: shapes.Case) -> dict:
+    occ = budget.occupancy(gpu, threads, registers, smem)
+    return {"smem KB": smem / 1024, "fits": occ.fits, "CTAs/SM": occ.blocks_per_sm,
+            "occupancy %": 100 * occ.occupancy, "limiter": occ.limiter,
+            f"CTAs ({case.name})": grid.ctas(gpu, occ), "waves": grid.waves(gpu, occ)}
+
+
+def kernel_registers(phase_name: str, head_dim: int, kernel: str = "") -> tuple[int, str]:
+    """Registers per thread of the phase's default build, for the kernel that runs at `head_dim` on the
+    launch path `kernel` (budget.Grid.kernel), and where the number comes from. The Nsight Compute record
+    (profile.py) measured each kernel it launched, one per profiled case: the first case whose head dim and
+    path (on the H100, where it was recorded) match gives it. Otherwise the phase record's ptxas count,
+    the most any of the build's kernels uses."""
+    from . import profile, results
+    record = experiments.load_if_recorded(profile.record_name(phase_name))
+    h100 = budget.GPUS["H100"]
+    for row in (record or {}).get("rows", []):
+        case = shapes.select(row["case"])[0]
+        if case.head_dim == head_dim and budget.grid(phase_name, case, None, h100).kernel == kernel:
+            return int(row["registers"]), f"measured by Nsight Compute at {case.name}"
+    return results.load(phase_name)["ptxas"]["registers"], "ptxas, the build's largest kernel"
+
+
+def phase_calculator(phase_name: str, case: shapes.Case = CASE, params: dict | None = None,
+                     registers: int | None = None, head_dim: int | None = None) -> pd.DataFrame:
+    """The calculator for any phase with tile parameters, per GPU: the grid `case` launches by the
+    kernel's own rules (budget.grid: a key-split path, warpgroups of 64 rows, persistent CTAs walking work
+    items, keys split over a cluster), the shared memory and threads of that CTA, how many are resident
+    per SM and why, the CTAs launched and the waves of work items. `params`: over the defaults; None:
+    each GPU's own defaults. `registers`: None reads them per kernel from the records (kernel_registers:
+    the H100's build, on every GPU). A GPU that cannot run the phase gets a row that says so."""
+    phase = get(phase_name)
+    case = case if head_dim is None else dataclasses.replace(case, head_dim=head_dim)
+    rows = []
+    for gpu in budget.GPUS.values():
+        row = {"GPU": gpu.name}
+        if not phase.runs_on(gpu.cc):
+            rows.append({**row, "configuration": f"does not run here: needs {phase.requirement}"})
+            continue
+        tiles = {**phase.tile_params_for(gpu.cc), **(params or {})}
+        grid = budget.grid(phase_name, case, tiles, gpu)
+        threads = budget.threads_per_block(phase_name, tiles, case.head_dim, grid.split)
+        smem = budget.smem_bytes(phase_name, case.head_dim, tiles, grid.split)
+        regs = registers if registers is not None else kernel_registers(phase_name, case.head_dim, grid.kernel)[0]
+        rows.append({**row, "configuration": grid.configuration, "threads": threads, "registers": regs,
+                     f"work items ({case.name})": grid.work_items,
+                     **_cost(gpu, grid, threads, regs, smem, case)})
+    frame = pd.DataFrame(rows)
+    return frame.astype({column: "Int64" for column in ("threads", "registers", f"work items ({case.name})",
+                                                        "CTAs/SM", f"CTAs ({case.name})") if column in frame})
+
+
+CASES = (shapes.MISSION, shapes.select("b4h16_s2048")[0])   # the chapters' calculator: small and large
+
+
+def phase_calculators(phase_name: str, cases=CASES) -> pd.DataFrame:
+    """phase_calculator for the phase's defaults at each case, one table: a row per case and GPU."""
+    frames = []
+    for case in cases:
+        frame = phase_calculator(phase_name, case)
+        frame = frame.rename(columns={f"work items ({case.name})": "work items", f"CTAs ({case.name})": "CTAs"})
+        frame.insert(0, "case", case.label())
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def recorded_row(sweep: pd.DataFrame, params: dict) -> pd.Series:
