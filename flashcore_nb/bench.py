@@ -244,8 +244,9 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
 def side_by_side(fns: dict, case: str | Case, dtype=torch.float16, rounds: int = ROUNDS):
     """The "Try this" exercises' timer: builds of a phase (label -> function, e.g. flashcore_nb.load(name) and the
     same with one switch changed), each checked once on a case (a name from shapes.py, or a shapes.Case of your
-    own), then timed with SDPA default in the same interleaved rounds. A table, one row per build: the check, the median GPU time and its spread over the
-    rounds, and the GPU time paired with the first build's and with SDPA default's."""
+    own), then timed with SDPA default in the same interleaved rounds. A table, one row per build: the check,
+    the median GPU time and its spread over the rounds, and the GPU time paired with the first build's and
+    with SDPA default's."""
     import pandas as pd
 
     from .check import check

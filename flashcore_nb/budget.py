@@ -146,12 +146,6 @@ def smem_needed(phase_name: str, tile_params: dict | None = None) -> int:
     return max(launch.smem_bytes for launch in launches(phase_name, tile_params))
 
 
-def waves(gpu: GpuLimits, occ: Occupancy, ctas: int) -> float:
-    """How many rounds of resident CTAs the grid needs: below 1 part of the GPU idles, and just
-    above a whole number the last round runs a few CTAs on an otherwise empty GPU."""
-    return ctas / (occ.blocks_per_sm * gpu.sm_count) if occ.fits else float("inf")
-
-
 # --- how many CTAs a small problem gets (chapter 10): arithmetic from the tile parameters -------------
 
 def query_tiles(case, block_m: int) -> int:
@@ -233,8 +227,9 @@ class Grid:
         return min(self.work_items, cap)
 
     def waves(self, gpu: GpuLimits, occ: Occupancy) -> float:
-        """Rounds of work items over the CTAs that run at once (a persistent CTA walks one item per round);
-        below 1, part of the GPU idles."""
+        """Rounds of work items over the CTAs that run at once (a persistent CTA walks one item per round):
+        below 1 part of the GPU idles, and just above a whole number the last round runs a few items on an
+        otherwise empty GPU."""
         return self.work_items / self.slots(gpu, occ) if occ.fits else float("inf")
 
 

@@ -7,7 +7,6 @@ configuration's row of the recorded sweep. A static page, which cannot run the w
 static_view in its place: the same calculator as tables."""
 from __future__ import annotations
 
-import dataclasses
 import html
 
 import pandas as pd
@@ -56,7 +55,7 @@ def kernel_registers(phase_name: str, head_dim: int, kernel: str = "") -> tuple[
 
 
 def phase_calculator(phase_name: str, case: shapes.Case = CASE, params: dict | None = None,
-                     registers: int | None = None, head_dim: int | None = None) -> pd.DataFrame:
+                     registers: int | None = None) -> pd.DataFrame:
     """The calculator for any phase with tile parameters, per GPU: the grid `case` launches by the
     kernel's own rules (budget.grid: a key-split path, warpgroups of 64 rows, persistent CTAs walking work
     items, keys split over a cluster), the shared memory and threads of that CTA, how many are resident
@@ -64,7 +63,6 @@ def phase_calculator(phase_name: str, case: shapes.Case = CASE, params: dict | N
     each GPU's own defaults. `registers`: None reads them per kernel from the records (kernel_registers:
     the H100's build, on every GPU). A GPU that cannot run the phase gets a row that says so."""
     phase = get(phase_name)
-    case = case if head_dim is None else dataclasses.replace(case, head_dim=head_dim)
     rows = []
     for gpu in budget.GPUS.values():
         row = {"GPU": gpu.name}

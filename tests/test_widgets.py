@@ -35,7 +35,7 @@ def test_calculator_counts_waves_of_the_mission_grid():
 
 def test_a_cta_that_does_not_fit_takes_infinite_waves():
     occ = budget.occupancy(budget.GPUS["T4"], 256, 128, 104 * 1024)
-    assert not occ.fits and budget.waves(budget.GPUS["T4"], occ, 32) == float("inf")
+    assert not occ.fits and budget.Grid("32 tiles", False, "", 32).waves(budget.GPUS["T4"], occ) == float("inf")
 
 
 def test_recorded_summary_reads_the_sweep():
