@@ -6,9 +6,10 @@ the starting method rotated from round to round), so that whatever drifts during
 temperature, a neighbour on the GPU) touches every method alike. The rounds cycle through three
 copies of the inputs at different addresses, so that no one placement decides a median. A round
 also times back-to-back Python calls (call latency: what a user's loop sees; every method allocates
-its output). The methodology page tells what each of these changed in the records. Per method the record keeps the median and the spread over rounds; a
-ratio between two methods is the median of their per-round ratios (paired), never a ratio of
-medians taken at different times."""
+its output). `record` spreads the rounds over fresh processes (processes.py, pooled() here). The
+methodology page tells what each of these changed in the records. Per method the record keeps the
+median and the spread over rounds; a ratio between two methods is the median of their per-round
+ratios (paired), never a ratio of medians taken at different times."""
 from __future__ import annotations
 
 import statistics
@@ -135,11 +136,15 @@ def interleaved(calls: dict, latency_calls: int, rounds: int = ROUNDS) -> dict:
             if r:
                 samples[name]["gpu"].append(statistics.median(replays[name]))
                 samples[name]["call"].append(call)
-    timings = {name: {"gpu_us": statistics.median(s["gpu"]), "gpu_us_min": min(s["gpu"]), "gpu_us_max": max(s["gpu"]),
-                      "gpu_us_rounds": s["gpu"], "call_us": statistics.median(s["call"]), "call_us_rounds": s["call"]}
-               for name, s in samples.items()}
+    timings = {name: summary(s["gpu"], s["call"]) for name, s in samples.items()}
     timings["sm_clock_mhz"] = [clock_before, sm_clock_mhz(first)]
     return timings
+
+
+def summary(gpu_rounds: list[float], call_rounds: list[float]) -> dict:
+    """One method's samples, a GPU time and a call latency per round, as the record keeps them."""
+    return {"gpu_us": statistics.median(gpu_rounds), "gpu_us_min": min(gpu_rounds), "gpu_us_max": max(gpu_rounds),
+            "gpu_us_rounds": gpu_rounds, "call_us": statistics.median(call_rounds), "call_us_rounds": call_rounds}
 
 
 def placed(tensors, offset_bytes: int) -> list:
@@ -233,11 +238,33 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
     timings = compare({"ours": fn}, case, BASELINES, dtype, rounds)
     ours = timings.pop("ours")
     ours["sm_clock_mhz"] = timings.pop("sm_clock_mhz")
-    ours["rounds"] = rounds
+    ours["rounds"], ours["processes"] = rounds, 1
     ours["baselines"] = {name: None for name in BASELINES}
     for name, timing in timings.items():
-        ours["baselines"][name] = {**timing, "time_ratio": paired_ratio(ours, timing),
-                                   "call_ratio": paired_ratio(ours, timing, "call_us")}
+        ours["baselines"][name] = _paired(ours, timing)
+    return ours
+
+
+def _paired(ours: dict, timing: dict) -> dict:
+    return {**timing, "time_ratio": paired_ratio(ours, timing), "call_ratio": paired_ratio(ours, timing, "call_us")}
+
+
+def pooled(parts: list[dict], case: Case) -> dict:
+    """bench_case results of the same case from several processes (processes.py) as one: their rounds
+    joined in the order they ran, the medians, spread and paired ratios taken over all of them, and
+    the SM clock read before and after each process's rounds."""
+    def joined(timings):
+        timing = summary([x for t in timings for x in t["gpu_us_rounds"]],
+                         [x for t in timings for x in t["call_us_rounds"]])
+        timing["tflops"] = case.flops() / (timing["gpu_us"] * 1e-6) / 1e12
+        return timing
+
+    ours = joined(parts)
+    ours.update(rounds=len(ours["gpu_us_rounds"]), processes=len(parts),
+                sm_clock_mhz=[mhz for part in parts for mhz in part["sm_clock_mhz"]], baselines={})
+    for name in parts[0]["baselines"]:
+        per_process = [part["baselines"][name] for part in parts]
+        ours["baselines"][name] = None if None in per_process else _paired(ours, joined(per_process))
     return ours
 
 

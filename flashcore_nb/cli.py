@@ -37,6 +37,7 @@ from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, p
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
+from .processes import PROCESSES
 
 # Verbs that record a phase's tagged variants (experiments.VARIANTS): verb -> tag.
 VARIANT_VERBS = {"ablate": "ablation", "rungs": "rung"}
@@ -173,7 +174,7 @@ def _bench_row(fn, case):
 def _record(fn, correctness, timing, root):
     from .bench import matmul_tflops
     peak = matmul_tflops()
-    runs = collect_runs(fn, correctness, timing)
+    runs = collect_runs(fn, correctness, timing, processes=PROCESSES)
     record = results.make_record(fn.phase.name, fn.tile_params, fn.build.ptxas, peak, runs)
     print("wrote", results.write(record, root), f"(matmul peak {peak:.0f} TFLOP/s)", flush=True)
     return runs

@@ -28,22 +28,28 @@ def dtypes_for(phase) -> list:
     return [torch.float16] + ([torch.bfloat16] if phase.supports_dtype_on("bfloat16", env.gpu().cc) else [])
 
 
-def collect_runs(fn, correctness, timing) -> list[dict]:
+def collect_runs(fn, correctness, timing, processes: int = 1) -> list[dict]:
     """Check every case (each supported dtype) and time the timing cases in fp16, every baseline
-    beside it in interleaved rounds."""
+    beside it in interleaved rounds: in this process, or spread over `processes` fresh ones (what
+    `record` does; processes.py says why)."""
     import torch
 
     from .bench import bench_case
     from .check import check
-    timed = {case.name for case in timing}
+    if processes > 1:
+        from .processes import timed_in_processes
+        torch.cuda.empty_cache()   # the children need the memory this process's caching allocator holds
+        timings = timed_in_processes(fn.phase.name, fn.tile_params, timing, processes)
+    else:
+        timings = {case.name: bench_case(fn, case) for case in timing}
     cases = correctness + [c for c in timing if c.name not in {x.name for x in correctness}]
     runs = []
     for case in cases:
         for dtype in dtypes_for(fn.phase):
             run = check(fn, case, dtype).as_dict()
             run.update(dict.fromkeys(results.TIMING_KEYS))
-            if case.name in timed and dtype == torch.float16:
-                run.update(bench_case(fn, case, dtype))
+            if case.name in timings and dtype == torch.float16:
+                run.update(timings[case.name])
             runs.append(run)
     return runs
 

@@ -29,7 +29,7 @@ REQUIRED_ENV = {"gpu", "cc", "driver", "torch", "cuda", "nvcc"}
 REQUIRED_PTXAS = {"registers", "smem_bytes", "spill_stores", "spill_loads"}
 # What bench.bench_case adds to a run: every run has these keys, None in the runs that are only checked.
 TIMING_KEYS = {"gpu_us", "gpu_us_min", "gpu_us_max", "gpu_us_rounds", "call_us", "call_us_rounds", "tflops",
-               "rounds", "sm_clock_mhz", "baselines"}
+               "rounds", "processes", "sm_clock_mhz", "baselines"}
 REQUIRED_RUN = {"case", "shape", "causal", "dtype", "max_abs_err", "sdpa_max_abs_err", "unwritten",
                 "passed"} | TIMING_KEYS
 REQUIRED_BASELINE = {"gpu_us", "gpu_us_rounds", "call_us", "time_ratio", "call_ratio"}
