@@ -2,7 +2,9 @@
 
 Each phase's layout (phases.py) mirrors its kernel's `SharedStorage` struct field by field;
 tests/test_budget.py compiles the kernels and checks the sum against their own sizeof
-(flashcore_smem_bytes), and that every phase's defaults fit every GPU below that runs it.
+(flashcore_smem_bytes), and that every phase's defaults fit every GPU below that runs it. Phases 1
+and 2 declare theirs as a static __shared__ variable instead: the registry's static_smem, which
+the same file checks against ptxas's count.
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ def smem_buffers(phase_name: str, head_dim: int, tile_params: dict | None = None
     if phase.smem_layout is None:
         known = ", ".join(name for name, p in PHASES.items() if p.smem_layout)
         raise ValueError(f"no shared-memory layout for {phase_name!r}: its __shared__ arrays are static, and "
-                         f"ptxas reports them (phases with a layout: {known})")
+                         f"ptxas reports them (static_smem_bytes counts them; phases with a layout: {known})")
     return phase.smem_layout(head_dim, _params(phase_name, tile_params), split)
 
 
@@ -118,6 +120,21 @@ def smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, 
     # A plain sum equals sizeof(SharedStorage): every field is a multiple of 4 bytes long, the
     # struct's alignment, so there is no padding between fields or at the end.
     return sum(buffer.bytes for buffer in smem_buffers(phase_name, head_dim, tile_params, split))
+
+
+def static_smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> int:
+    """The phase's static __shared__ arrays, ptxas's smem count: 0 for a phase whose shared memory is all
+    dynamic."""
+    layout = get(phase_name).static_smem
+    if layout is None:
+        return 0
+    return sum(buffer.bytes for buffer in layout(head_dim, _params(phase_name, tile_params), split))
+
+
+def cta_smem_bytes(phase_name: str, head_dim: int, tile_params: dict | None = None, split: bool = False) -> int:
+    """All the shared memory one CTA holds, static and dynamic: what occupancy counts."""
+    dynamic = smem_bytes(phase_name, head_dim, tile_params, split) if get(phase_name).smem_layout else 0
+    return static_smem_bytes(phase_name, head_dim, tile_params, split) + dynamic
 
 
 def threads_per_block(phase_name: str, tile_params: dict | None = None, head_dim: int = 64, split: bool = False) -> int:
@@ -233,6 +250,15 @@ class Grid:
         return self.work_items / self.slots(gpu, occ) if occ.fits else float("inf")
 
 
+def _p01_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    return Grid("one query row per CTA", False, "", query_tiles(case, 1))
+
+
+def _p02_grid(case, params: dict, gpu: GpuLimits) -> Grid:
+    rows = params["NUM_WARPS"]
+    return Grid(f"{rows} query rows per CTA, one per warp", False, "", query_tiles(case, rows))
+
+
 def _tile_grid(case, params: dict, gpu: GpuLimits) -> Grid:
     return Grid(f"{params['BLOCK_M']}-row query tiles", False, "", query_tiles(case, params["BLOCK_M"]))
 
@@ -266,13 +292,15 @@ def _p10_grid(case, params: dict, gpu: GpuLimits) -> Grid:
 
 
 # Phases whose CTAs are not one BLOCK_M-row query tile each; any other phase with BLOCK_M gets _tile_grid.
-_GRIDS = {"p07_registers": _p07_grid, "p08_wgmma": _p08_grid, "p09_warpspec": _p09_grid, "p10_splitkv": _p10_grid}
+_GRIDS = {"p01_baseline": _p01_grid, "p02_vectorized": _p02_grid, "p07_registers": _p07_grid, "p08_wgmma": _p08_grid,
+          "p09_warpspec": _p09_grid, "p10_splitkv": _p10_grid}
 
 
 def grid(phase_name: str, case, tile_params: dict | None, gpu: GpuLimits) -> Grid:
     """The grid the phase launches for `case` on `gpu` (tile_params over the registry defaults), by the
-    kernel's own host rules: p07_launch's path and its persistent cap, p08's warpgroups, p09's work items
-    walked by one CTA per SM, p10_launch's key splits (none without clusters)."""
+    kernel's own host rules: p01's CTA per query row, p02's row per warp, p07_launch's path and its
+    persistent cap, p08's warpgroups, p09's work items walked by one CTA per SM, p10_launch's key splits
+    (none without clusters)."""
     params = _params(phase_name, tile_params)
     build = _GRIDS.get(phase_name)
     if build is None and "BLOCK_M" not in params:

@@ -105,6 +105,8 @@ class Phase:
     spill_budget_bytes: int = 0       # local-memory spill ptxas may report for the defaults (said why below)
     threads: Threads                  # threads per block
     smem_layout: Layout | None = None  # its dynamic SharedStorage, field by field; None: static __shared__ only
+    # Its static __shared__ arrays, field by field: ptxas counts them, the launch asks for none (None: it has none)
+    static_smem: Layout | None = None
     key_split: bool = False           # small problems take a key-split path with its own tiles (split=True)
     # defines under which the host code picks the key-split path for small problems without asking a GPU
     # (by default it compares the grid with the SM count): how a CPU test reads that path's sizes
@@ -157,6 +159,20 @@ class Phase:
 
 
 # --- per-phase tile arithmetic (the kernels' own, mirrored) ---------------------------------------
+
+def _p01_static_smem(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    # the kernel's static SharedStorage, all fp32: the scaled query row, then one float per thread for
+    # the chunk's probabilities and one for the reductions' scratch
+    threads = params["NUM_THREADS"]
+    return [Buffer("query row (fp32)", 1, head_dim, 4), Buffer("probabilities (fp32)", 1, threads, 4),
+            Buffer("reduction scratch (fp32)", 1, threads, 4)]
+
+
+def _p02_static_smem(head_dim: int, params: dict, split: bool) -> list[Buffer]:
+    # one 32-key tile each of K and V (rows padded by 16 bytes), then each warp's query row in fp32
+    return [Buffer("K tile", 32, _pitch(head_dim, 2), 2), Buffer("V tile", 32, _pitch(head_dim, 2), 2),
+            Buffer("query rows (fp32)", params["NUM_WARPS"], head_dim, 4)]
+
 
 def _wmma_32x32_layout(head_dim: int, p_planes: tuple[str, ...]) -> list[Buffer]:
     return [*_tiles(32, 32, head_dim), Buffer("S (fp32)", 32, _pitch(32, 4), 4),
@@ -280,6 +296,7 @@ _REGISTRY = [
         min_cc=75,
         tile_params={"NUM_THREADS": 128},
         threads=lambda params, head_dim, split: params["NUM_THREADS"],
+        static_smem=_p01_static_smem,
     ),
     Phase(
         name="p02_vectorized",
@@ -291,6 +308,7 @@ _REGISTRY = [
         aligned_16b=True,
         tile_params={"NUM_WARPS": 8},
         threads=_warps_define,
+        static_smem=_p02_static_smem,
     ),
     Phase(
         name="p03_wmma",

@@ -244,7 +244,7 @@ def occupancy(configs, gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
     rows = []
     for label, phase_name, head_dim, tile_params, registers in configs:
         threads = budget.threads_per_block(phase_name, tile_params, head_dim)
-        smem = budget.smem_bytes(phase_name, head_dim, tile_params)
+        smem = budget.cta_smem_bytes(phase_name, head_dim, tile_params)
         row = {"config": label, "threads": threads, "registers": registers, "smem KB": smem / 1024}
         for gpu in gpus:
             occ = budget.occupancy(gpu, threads, registers, smem)

@@ -22,7 +22,7 @@ def calculator(phase_name: str, params: dict, registers: int, head_dim: int = CA
     """Per GPU: does the CTA fit, how many are resident per SM, and how many waves `case` takes, for one
     tile configuration on every GPU (chapters 5 and 6: one CTA per BLOCK_M-row query tile)."""
     threads = budget.threads_per_block(phase_name, params, head_dim)
-    smem = budget.smem_bytes(phase_name, head_dim, params)
+    smem = budget.cta_smem_bytes(phase_name, head_dim, params)
     rows = []
     for gpu in budget.GPUS.values():
         grid = budget.grid(phase_name, case, params, gpu)
@@ -72,7 +72,7 @@ def phase_calculator(phase_name: str, case: shapes.Case = CASE, params: dict | N
         tiles = {**phase.tile_params_for(gpu.cc), **(params or {})}
         grid = budget.grid(phase_name, case, tiles, gpu)
         threads = budget.threads_per_block(phase_name, tiles, case.head_dim, grid.split)
-        smem = budget.smem_bytes(phase_name, case.head_dim, tiles, grid.split)
+        smem = budget.cta_smem_bytes(phase_name, case.head_dim, tiles, grid.split)
         regs = registers if registers is not None else kernel_registers(phase_name, case.head_dim, grid.kernel)[0]
         rows.append({**row, "configuration": grid.configuration, "threads": threads, "registers": regs,
                      f"work items ({case.name})": grid.work_items,

@@ -1,5 +1,6 @@
-"""The shared-memory budget equals each kernel's own sizeof, every phase's defaults fit every GPU that
-runs it, and the occupancy arithmetic is right."""
+"""The shared-memory budget equals each kernel's own sizeof (its static arrays: ptxas's count), every
+phase's defaults fit every GPU that runs it, and the occupancy arithmetic is right."""
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -95,6 +96,63 @@ def test_budget_equals_the_kernels_sizeof(config, kernel_sizeof):
         for head_dim in HEAD_DIMS:
             assert budget.smem_bytes(name, head_dim, params, split) == \
                 kernel_sizeof[_config_id(config)][small, head_dim], (small, head_dim)
+
+
+# Each phase with static __shared__ arrays, at its defaults and at another launch size
+OTHER_LAUNCH = {"p01_baseline": {"NUM_THREADS": 256}, "p02_vectorized": {"NUM_WARPS": 4}}
+STATIC_CONFIGS = [(name, {**get(name).tile_params, **defines}) for name, other in OTHER_LAUNCH.items()
+                  for defines in ({}, other)]
+
+
+@pytest.fixture(scope="module")
+def ptxas_smem(tmp_path_factory) -> dict[str, dict[int, set[int]]]:
+    """ptxas's smem count per config, by head dim (the kHeadDim template argument in each kernel's mangled
+    name): a set, one count per kernel of that head dim (fp16 and bf16)."""
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        pytest.fail("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    tmp = tmp_path_factory.mktemp("static_smem")
+
+    def run(config):
+        name, params = config
+        cmd = [nvcc, "-c", *build.NVCC_FLAGS, build.gencode(90), f"-I{KERNELS_DIR}", *build.define_flags(params),
+               str(get(name).kernel_file), "-o", str(tmp / f"{_config_id(config)}.o")]
+        compiled = subprocess.run(cmd, capture_output=True, text=True)
+        assert compiled.returncode == 0, f"{' '.join(cmd)}\n{compiled.stderr}"
+        counts: dict[int, set[int]] = {}
+        # build.parse_ptxas reads one kernel at a time: the log cut before each entry function
+        for entry in re.split(r"(?=ptxas info\s*: Compiling entry function)", compiled.stdout + compiled.stderr)[1:]:
+            head_dim = int(re.search(r"Li(\d+)EEv", entry).group(1))
+            counts.setdefault(head_dim, set()).add(build.parse_ptxas(entry).smem_bytes)
+        return counts
+
+    with ThreadPoolExecutor() as pool:
+        return dict(zip(map(_config_id, STATIC_CONFIGS), pool.map(run, STATIC_CONFIGS)))
+
+
+def test_every_phase_with_static_shared_memory_is_checked():
+    assert set(OTHER_LAUNCH) == {name for name, phase in PHASES.items() if phase.static_smem}
+
+
+@pytest.mark.parametrize("config", STATIC_CONFIGS, ids=[_config_id(c) for c in STATIC_CONFIGS])
+def test_static_smem_equals_ptxas(config, ptxas_smem):
+    name, params = config
+    assert ptxas_smem[_config_id(config)] == {head_dim: {budget.static_smem_bytes(name, head_dim, params)}
+                                              for head_dim in HEAD_DIMS}
+
+
+@pytest.mark.parametrize("name", [name for name, phase in PHASES.items() if not phase.static_smem])
+def test_a_phase_without_static_smem_has_none(name, default_build_stats):
+    """cta_smem_bytes counts a phase's static arrays from the registry: one it does not list must not exist."""
+    assert default_build_stats(name, 90).smem_bytes == budget.static_smem_bytes(name, 64) == 0
+
+
+def test_static_smem_by_hand():
+    # p01, D = 64: the query row and 2 x 128 floats; p02, D = 128: K and V 32 x (128 + 8) halves, 8 rows of 128 floats
+    assert budget.static_smem_bytes("p01_baseline", 64) == (64 + 2 * 128) * 4 == 1280
+    assert budget.static_smem_bytes("p02_vectorized", 128) == 2 * 32 * 136 * 2 + 8 * 128 * 4 == 21504
+    # no dynamic shared memory beside it
+    assert budget.cta_smem_bytes("p02_vectorized", 128) == 21504 and budget.smem_needed("p02_vectorized") == 0
 
 
 # Every (phase, GPU) where the GPU's compute capability runs the phase, with the defaults it gets there.

@@ -87,7 +87,7 @@ def test_a_configuration_this_gpu_cannot_hold_is_refused_before_compiling(monkey
                     "Tesla T4 allows 65536 (choose smaller tiles)")
 
 
-# --- the calculator for phases 7-10: their grids are not one BLOCK_M-row CTA per query tile ----------------
+# --- the calculator for phases 1, 2 and 7-10: their grids are not one BLOCK_M-row CTA per query tile -------
 
 BIG = shapes.Case("b4h16_s2048", 4, 16, 2048, 64)
 H100_SLOTS = 132   # SMs
@@ -167,6 +167,32 @@ def test_p10_splits_the_mission_shape_over_two_ctas_and_not_the_large_one():
     big = _h100("p10_splitkv", BIG)
     assert big["configuration"] == "p10, split over 1 CTA" and big["registers"] == 172
     assert big["CTAs (b4h16_s2048)"] == 2048 and big["waves"] == pytest.approx(2048 / 264)
+
+
+def test_p01_launches_one_cta_per_query_row():
+    row = _h100("p01_baseline", shapes.MISSION)
+    assert row["configuration"] == "one query row per CTA" and row["threads"] == 128
+    # static __shared__ only: the query row and 2 x 128 floats, (64 + 2 x 128) x 4 B
+    assert row["smem KB"] == 1280 / 1024
+    # measured at 4x16x2048x64 (Nsight Compute): 34 registers -> 1280 per warp x 4 warps; 12 CTAs = 48 of 64 warps
+    assert row["registers"] == 34 and _occupancy_by_hand(34, 4) == 12
+    assert row["CTAs/SM"] == 12 and row["limiter"] == "registers" and row["occupancy %"] == 75
+    assert row["work items (mission)"] == row["CTAs (mission)"] == 512 * 8
+    assert row["waves"] == pytest.approx(4096 / (12 * 132))
+
+
+def test_p02_launches_one_cta_per_num_warps_query_rows():
+    row = _h100("p02_vectorized", shapes.MISSION)
+    assert row["configuration"] == "8 query rows per CTA, one per warp" and row["threads"] == 256
+    # static __shared__ only: K and V tiles of 32 x (64 + 8) halves, 8 query rows of 64 floats
+    assert row["smem KB"] == (2 * 32 * 72 * 2 + 8 * 64 * 4) / 1024
+    assert row["registers"] == 40 and _occupancy_by_hand(40, 8) == 6
+    assert row["CTAs/SM"] == 6 and row["limiter"] == "registers"
+    assert row["work items (mission)"] == row["CTAs (mission)"] == 512 // 8 * 8
+    assert row["waves"] == pytest.approx(512 / (6 * 132))
+    # the last CTA of a head may hold fewer rows: 100 rows in CTAs of 16 take 7 per head
+    odd = shapes.Case("odd", 1, 2, 100, 64)
+    assert budget.grid("p02_vectorized", odd, {"NUM_WARPS": 16}, budget.GPUS["H100"]).work_items == 7 * 2
 
 
 @pytest.mark.parametrize("phase_name", ["p08_wgmma", "p09_warpspec"])
