@@ -2,8 +2,8 @@
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
-results/<gpu>/<phase>.json; stats: ptxas per arch with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0; precision:
-chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
+results/<gpu>/<phase>.json; stats: ptxas per arch with plain nvcc (no GPU needed); methods: the
+timing-method experiment of chapter 0; precision: chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
 (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
 (the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
 (--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each
