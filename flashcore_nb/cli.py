@@ -2,27 +2,27 @@
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
-results/<gpu>/<phase>.json; stats: ptxas per arch with plain nvcc (no GPU needed); methods: the
-timing-method experiment of chapter 0; precision: chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
-(--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports
-(the planted bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time
-(--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each
-checked and timed beside SDPA default, the defaults and the rung before (--phase p07_registers);
-profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs ncu), every
-chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured fp16/bf16
-matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
-records (the methodology page's experiment); split: where p07's key-split path pays, on small
-problems (chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random
-problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one
-suspect of a larger error changed each) on the same problems and timed (the results chapter); grid:
-every candidate phase and SDPA backend over the grid of shapes, the tuning table flashcore_nb.attention
-reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as
-curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal
-or not, 16 heads, checked and timed in the same rounds (the results chapter; --shapes for a subset of
-shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec): its instrumented builds
-(TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a couple of cases (--shapes to
-choose), for the chapter's timeline figure. From precision on, each writes results/<gpu>/experiments/. figures:
-the README's ladder figure from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
+results/<gpu>/<phase>.json; stats: ptxas per arch with plain nvcc (no GPU needed); methods: the timing-
+method experiment of chapter 0; precision: chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep:
+every tile configuration of a phase (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter
+6's compute-sanitizer reports (the planted bug, the real kernel clean); ablate: chapters 7 and 8's
+techniques changed one at a time (--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built
+up in cumulative rungs, each checked and timed beside SDPA default, the defaults and the rung before
+(--phase p07_registers); profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs
+ncu), every chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured
+fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
+records (the methodology page's experiment); split: where p07's key-split path pays, on small problems
+(chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random problems and 200 of
+a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one suspect of a larger error
+changed each) on the same problems and timed (the results chapter); grid: every candidate phase and SDPA
+backend over the grid of shapes, the tuning table flashcore_nb.attention reads, and attention timed through
+it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as curves: p06 and every later phase,
+cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal or not, 16 heads, checked and
+timed in the same rounds (the results chapter; --shapes for a subset of shapes.SEQLEN_SWEEP); trace: a
+measured timeline of one CTA (--phase p09_warpspec): its instrumented builds (TRACE=1, the variants tagged
+"trace") stamp every step of CTA 0's warpgroups on a couple of cases (--shapes to choose), for the chapter's
+timeline figure. From precision on, each writes results/<gpu>/experiments/. figures: the README's ladder
+figure from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
