@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,split,accuracy,grid,seqlen,trace,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,figures} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
@@ -11,18 +11,20 @@ up in cumulative rungs, each checked and timed beside SDPA default, the defaults
 (--phase p07_registers); profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs
 ncu), every chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured
 fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
-records (the methodology page's experiment); split: where p07's key-split path pays, on small problems
-(chapter 7); accuracy: each phase (--phase, or all this GPU runs) on 1,000 seeded random problems and 200 of
-a stressed kind, beside SDPA's error, with the variants tagged "accuracy" (one suspect of a larger error
-changed each) on the same problems and timed (the results chapter); grid: every candidate phase and SDPA
-backend over the grid of shapes, the tuning table flashcore_nb.attention reads, and attention timed through
-it (chapter "Choosing a kernel"); seqlen: where each kernel wins, as curves: p06 and every later phase,
-cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128, causal or not, 16 heads, checked and
-timed in the same rounds (the results chapter; --shapes for a subset of shapes.SEQLEN_SWEEP); trace: a
-measured timeline of one CTA (--phase p09_warpspec): its instrumented builds (TRACE=1, the variants tagged
-"trace") stamp every step of CTA 0's warpgroups on a couple of cases (--shapes to choose), for the chapter's
-timeline figure. From precision on, each writes results/<gpu>/experiments/. figures: the README's ladder
-figure from the recorded results (no GPU needed; --out, default book/_static/ladder.png).
+records (the methodology page's experiment); procstate: phase 2's GPU time at the mission shape, causal, in
+six fresh processes on eight placements each, beside controls (what one process keeps: chapter 0); split:
+where p07's key-split path pays, on small problems (chapter 7); accuracy: each phase (--phase, or all this
+GPU runs) on 1,000 seeded random problems and 200 of a stressed kind, beside SDPA's error, with the variants
+tagged "accuracy" (one suspect of a larger error changed each) on the same problems and timed (the results
+chapter); grid: every candidate phase and SDPA backend over the grid of shapes, the tuning table
+flashcore_nb.attention reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where
+each kernel wins, as curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ...
+16384, D 64 and 128, causal or not, 16 heads, checked and timed in the same rounds (the results chapter;
+--shapes for a subset of shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec):
+its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a
+couple of cases (--shapes to choose), for the chapter's timeline figure. From precision on, each writes
+results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
+--out, default book/_static/ladder.png).
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ import sys
 
 import pandas as pd
 
-from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, plots, profile, results, sanitize,
-               seqlen, shapes, trace)
+from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, plots, process_state, profile, results,
+               sanitize, seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -47,7 +49,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashcore_nb", description=__doc__)
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
-                                            "drift", "split", "accuracy", "grid", "seqlen", "trace", "figures"])
+                                            "drift", "procstate", "split", "accuracy", "grid", "seqlen", "trace",
+                                            "figures"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
     recorders = {"methods": record_timing_methods,
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record,
-                 "peaks": peaks.record, "drift": drift.record,
+                 "peaks": peaks.record, "drift": drift.record, "procstate": process_state.record,
                  "split": experiments.record_key_split, "grid": grid.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:

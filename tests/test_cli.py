@@ -31,13 +31,18 @@ def test_gpu_commands_refuse_clearly_without_a_gpu():
 def test_help_lists_every_verb():
     proc = run("--help")
     assert proc.returncode == 0
-    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks", "drift", "accuracy",
-                 "grid", "seqlen", "trace", "figures"):
+    for verb in ("record", "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks", "drift", "procstate",
+                 "accuracy", "grid", "seqlen", "trace", "figures"):
         assert verb in proc.stdout, verb
 
 
 def test_peaks_needs_a_gpu():
     proc = run("peaks")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_procstate_needs_a_gpu():
+    proc = run("procstate")
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 
