@@ -227,8 +227,12 @@ def timed(calls: dict, case: Case, rounds: int = ROUNDS) -> dict:
     """interleaved() over `calls` (name -> one call per copy of the inputs) on a case, with each method's TFLOP/s."""
     timings = interleaved(calls, latency_calls(case), rounds)
     for name in calls:
-        timings[name]["tflops"] = case.flops() / (timings[name]["gpu_us"] * 1e-6) / 1e12
+        timings[name]["tflops"] = tflops(case, timings[name]["gpu_us"])
     return timings
+
+
+def tflops(case: Case, gpu_us: float) -> float:
+    return case.flops() / (gpu_us * 1e-6) / 1e12
 
 
 def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dict:
@@ -256,7 +260,7 @@ def pooled(parts: list[dict], case: Case) -> dict:
     def joined(timings):
         timing = summary([x for t in timings for x in t["gpu_us_rounds"]],
                          [x for t in timings for x in t["call_us_rounds"]])
-        timing["tflops"] = case.flops() / (timing["gpu_us"] * 1e-6) / 1e12
+        timing["tflops"] = tflops(case, timing["gpu_us"])
         return timing
 
     ours = joined(parts)

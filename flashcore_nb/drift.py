@@ -15,12 +15,9 @@ CONDITION`) and times FA2 and cuDNN in interleaved rounds on the shapes where FA
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-from .paths import ROOT
 
 CASE_NAMES = ("b4h16_s2048", "b2h16_s4096_d128")
 METHODS = ("sdpa_flash", "sdpa_default")
@@ -87,14 +84,9 @@ def run_condition(condition: str) -> list[dict]:
 
 
 def run_all() -> list[dict]:
-    rows = []
-    for condition in conditions():
-        proc = subprocess.run([sys.executable, "-m", "flashcore_nb.drift", condition], capture_output=True,
-                              text=True, cwd=ROOT, timeout=900)
-        if proc.returncode != 0:
-            raise RuntimeError(f"drift condition {condition} failed:\n{proc.stderr[-3000:]}")
-        rows += [{"condition": condition, **row} for row in json.loads(proc.stdout.splitlines()[-1])]
-    return rows
+    from .processes import fresh_process
+    return [{"condition": condition, **row} for condition in conditions()
+            for row in fresh_process(__name__, condition)]
 
 
 def record() -> Path:

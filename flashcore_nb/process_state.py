@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
-
-from .paths import ROOT
 
 NAME = "process_state"
 SUBJECTS = (("p02_vectorized", "mission_causal"), ("p02_vectorized", "mission"),
@@ -56,13 +52,9 @@ def run_process() -> list[dict]:
 
 
 def run_all() -> list[dict]:
-    rows = []
-    for process in range(PROCESSES):
-        proc = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True, cwd=ROOT, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"process {process} failed:\n{proc.stderr[-3000:]}")
-        rows += [{"process": process, **row} for row in json.loads(proc.stdout.splitlines()[-1])]
-    return rows
+    from .processes import fresh_process
+    return [{"process": process, **row} for process in range(PROCESSES)
+            for row in fresh_process(__name__, timeout=600)]
 
 
 def record() -> Path:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flashcore_nb import process_state
+from flashcore_nb import process_state, processes
 
 
 def rows(times_by_process, subject="p02_vectorized", case="mission_causal"):
@@ -32,7 +32,7 @@ def test_every_process_is_fresh_and_keeps_its_index(monkeypatch):
         row = {"subject": "sdpa_default", "case": "mission_causal", "placement": 0, "gpu_us": 9.0 + len(launched)}
         return SimpleNamespace(returncode=0, stdout="compiling ...\n" + json.dumps([row]), stderr="")
 
-    monkeypatch.setattr(process_state.subprocess, "run", run)
+    monkeypatch.setattr(processes.subprocess, "run", run)
     got = process_state.run_all()
     assert len(launched) == process_state.PROCESSES
     assert all(cmd[1:] == ["-m", "flashcore_nb.process_state"] for cmd in launched)
@@ -41,7 +41,7 @@ def test_every_process_is_fresh_and_keeps_its_index(monkeypatch):
 
 
 def test_a_failed_process_says_why(monkeypatch):
-    monkeypatch.setattr(process_state.subprocess, "run",
+    monkeypatch.setattr(processes.subprocess, "run",
                         lambda cmd, **kwargs: SimpleNamespace(returncode=1, stdout="", stderr="CUDA error: out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"):
         process_state.run_all()
