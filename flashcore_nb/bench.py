@@ -165,9 +165,22 @@ def input_copies(q, k, v) -> list[tuple]:
     return [(q, k, v)] + [tuple(placed((q, k, v), kb * 1024)) for kb in COPY_OFFSETS_KB]
 
 
-def paired_ratio(a: dict, b: dict, key: str = "gpu_us") -> float:
-    """Median over rounds of a's time / b's time in the same round (below 1: a is faster)."""
-    return statistics.median(x / y for x, y in zip(a[f"{key}_rounds"], b[f"{key}_rounds"]))
+def process_ratios(a: dict, b: dict, key: str = "gpu_us", processes: int = 1) -> list[float]:
+    """a's time / b's time in the same round (below 1: a is faster), the median over each process's rounds:
+    rounds run in `processes` consecutive equal groups, one per process (processes.py)."""
+    ratios = [x / y for x, y in zip(a[f"{key}_rounds"], b[f"{key}_rounds"])]
+    if len(ratios) % processes:
+        raise ValueError(f"{len(ratios)} rounds do not split into {processes} processes")
+    per = len(ratios) // processes
+    return [statistics.median(ratios[i * per:(i + 1) * per]) for i in range(processes)]
+
+
+def paired_ratio(a: dict, b: dict, key: str = "gpu_us", processes: int = 1) -> float:
+    """The paired ratio a / b: the median over a process's rounds, averaged over processes. Within a process
+    the median drops an odd round. Between processes it is a mean because what differs there is a state a
+    process keeps all its life (chapter 0's process table): a median of rounds pooled over processes lands
+    on one state or another (python -m flashcore_nb procstate), a mean weighs each process the same."""
+    return statistics.fmean(process_ratios(a, b, key, processes))
 
 
 def sdpa_call(backend, q, k, v, causal: bool):
@@ -249,14 +262,18 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
     return ours
 
 
-def _paired(ours: dict, timing: dict) -> dict:
-    return {**timing, "time_ratio": paired_ratio(ours, timing), "call_ratio": paired_ratio(ours, timing, "call_us")}
+def _paired(ours: dict, timing: dict, processes: int = 1) -> dict:
+    paired = {**timing, "time_ratio": paired_ratio(ours, timing, processes=processes),
+              "call_ratio": paired_ratio(ours, timing, "call_us", processes)}
+    if processes > 1:
+        paired["time_ratio_processes"] = process_ratios(ours, timing, processes=processes)
+    return paired
 
 
 def pooled(parts: list[dict], case: Case) -> dict:
     """bench_case results of the same case from several processes (processes.py) as one: their rounds
-    joined in the order they ran, the medians, spread and paired ratios taken over all of them, and
-    the SM clock read before and after each process's rounds."""
+    joined in the order they ran, the medians and spread taken over all of them, the paired ratios per
+    process and averaged (paired_ratio), and the SM clock read before and after each process's rounds."""
     def joined(timings):
         timing = summary([x for t in timings for x in t["gpu_us_rounds"]],
                          [x for t in timings for x in t["call_us_rounds"]])
@@ -268,7 +285,7 @@ def pooled(parts: list[dict], case: Case) -> dict:
                 sm_clock_mhz=[mhz for part in parts for mhz in part["sm_clock_mhz"]], baselines={})
     for name in parts[0]["baselines"]:
         per_process = [part["baselines"][name] for part in parts]
-        ours["baselines"][name] = None if None in per_process else _paired(ours, joined(per_process))
+        ours["baselines"][name] = None if None in per_process else _paired(ours, joined(per_process), len(parts))
     return ours
 
 

@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,figures} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,figures,summarise} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
@@ -24,7 +24,8 @@ each kernel wins, as curves: p06 and every later phase, cuDNN, FA2 and the Trito
 its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a
 couple of cases (--shapes to choose), for the chapter's timeline figure. From precision on, each writes
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
---out, default book/_static/ladder.png).
+--out, default book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios
+from their rounds after the way they are summarised changed (no GPU needed; the rounds stay as recorded).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
                                             "drift", "procstate", "split", "accuracy", "grid", "seqlen", "trace",
-                                            "figures"])
+                                            "figures", "summarise"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -74,6 +75,10 @@ def main(argv=None) -> int:
         return 0
     if args.command == "figures":
         print("wrote", plots.export_ladder(args.out))
+        return 0
+    if args.command == "summarise":
+        for path in results.resummarise():
+            print("wrote", path)
         return 0
 
     if args.command in VARIANT_VERBS:

@@ -49,10 +49,22 @@ def test_pooled_pairs_rounds_across_processes():
     assert (run["gpu_us"], run["gpu_us_min"], run["gpu_us_max"], run["call_us"]) == (11.0, 10.0, 12.0, 22.0)
     assert run["sm_clock_mhz"] == [1980.0, 1980.0, 1980.0, 1755.0, 1755.0, 1755.0]
     sdpa = run["baselines"]["sdpa_default"]
-    # per round 2, 3 and 1: the median of the pairs (2), not the ratio of the medians (11 / 5)
+    # per process 2, 3 and 1: their mean of the pairs (2), not the ratio of the medians (11 / 5)
+    assert sdpa["time_ratio_processes"] == [2.0, 3.0, 1.0]
     assert sdpa["time_ratio"] == 2.0 and sdpa["call_ratio"] == pytest.approx(2.0 * 2 / 3)
     assert sdpa["tflops"] == pytest.approx(case.flops() / 5e-6 / 1e12)
     assert run["baselines"]["sdpa_cudnn"] is None
+
+
+def test_paired_ratio_takes_each_process_median_then_their_mean():
+    ours = {"gpu_us_rounds": [10.0, 10.0, 50.0, 10.0, 10.0, 10.0, 13.0, 13.0, 13.0]}
+    theirs = {"gpu_us_rounds": [10.0] * 9}
+    # an odd round inside a process (50) is dropped by its median; a process in another state (1.3) moves the mean
+    assert bench.process_ratios(ours, theirs, processes=3) == [1.0, 1.0, 1.3]
+    assert bench.paired_ratio(ours, theirs, processes=3) == pytest.approx(1.1)
+    assert bench.paired_ratio(ours, theirs) == 1.0, "in one process: the median of the rounds"
+    with pytest.raises(ValueError, match="do not split"):
+        bench.paired_ratio(ours, theirs, processes=2)
 
 
 def test_record_timing_runs_its_rounds_in_fresh_processes(monkeypatch):
