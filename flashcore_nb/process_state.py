@@ -64,8 +64,9 @@ def record() -> Path:
 
 
 def summary(rows: list[dict]):
-    """Per subject and case: the median GPU time, the widest spread over placements inside one process, the
-    spread of the per-process medians, and those medians in process order."""
+    """Per subject and case: the median GPU time, the spread over placements inside a process (each process's
+    max / min, the median over processes: one odd sample does not set it), the spread of the per-process
+    medians, and those medians in process order."""
     import pandas as pd
     frame = pd.DataFrame(rows)
     out = []
@@ -73,7 +74,7 @@ def summary(rows: list[dict]):
         per_process = part.groupby("process")["gpu_us"]
         medians = [statistics.median(times) for _, times in per_process]
         out.append({"subject": subject, "case": case, "median µs": statistics.median(part["gpu_us"]),
-                    "within a process %": 100 * max(t.max() / t.min() - 1 for _, t in per_process),
+                    "within a process %": 100 * statistics.median(t.max() / t.min() - 1 for _, t in per_process),
                     "between processes %": 100 * (max(medians) / min(medians) - 1),
                     "process medians µs": ", ".join(f"{m:.1f}" for m in medians)})
     return pd.DataFrame(out)
