@@ -557,14 +557,16 @@ _REGISTRY = [
         min_cc=90,
         arch_specific=True,       # wgmma.mma_async and setmaxnreg: sm_90a, Hopper only
         aligned_16b=True,         # TMA: 16-byte aligned bases and strides
-        # D = 64 keeps three stages of 128-key tiles (112 KB). D = 128 was sized at two stages (160 KB) from
-        # the budget; its ablation then measured a third (225 KB) 12% faster at 2x16x4096x128, the default now.
-        # Two consumer warpgroups, Q in registers: the other shapes are ablations until measured better.
+        # D = 64 keeps three stages of 128-key tiles. D = 128 was sized at two stages (160 KB) from the
+        # budget; its ablation then measured a third (225 KB) 12% faster at 2x16x4096x128, the default now.
+        # D = 64: three consumer warpgroups reading Q from shared memory (192 query rows per CTA), measured
+        # faster at every large D = 64 shape than two with Q in registers (the first defaults, an ablation
+        # row now) and slower at the mission shape, which is phase 10's. D = 128: two, Q in registers.
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
-        tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
+        tile_params={"CONSUMERS": 3, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
-                     "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1, "Q_IN_SHARED": 0,
-                     "TRACE": 0},
+                     "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
+                     "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 0, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -577,13 +579,14 @@ _REGISTRY = [
             variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
-            # three consumers get 160 registers each: with Q in registers 128-key tiles spill at D = 64 (80
-            # bytes), 64-key tiles do not; with Q read from shared memory 128-key tiles fit (0 spilled)
-            variant("three consumers, 64-key tiles (D=64)", {"CONSUMERS": 3, "PINGPONG": 0, "BLOCK_N": 64}, "ablation",
-                    "test"),
-            variant("Q from shared memory", {"Q_IN_SHARED": 1}, "ablation", "test", "sanitize"),
-            variant("three consumers, Q from shared memory (D=64)", {"CONSUMERS": 3, "Q_IN_SHARED": 1}, "ablation",
-                    "test", "sanitize"),
+            # The CTA's shape at D = 64. A consumer gets 240 registers beside one other, 160 beside two: with
+            # Q in registers three consumers spill on 128-key tiles (80 bytes) but not on 64-key ones.
+            variant("two consumers, Q in registers (D=64)", {"CONSUMERS": 2, "Q_IN_SHARED": 0}, "ablation", "test",
+                    "sanitize"),
+            variant("two consumers, Q from shared memory (D=64)", {"CONSUMERS": 2}, "ablation"),
+            variant("three consumers, Q in registers, 64-key tiles (D=64)", {"Q_IN_SHARED": 0, "BLOCK_N": 64},
+                    "ablation", "test"),
+            variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
@@ -591,8 +594,9 @@ _REGISTRY = [
             variant("2 persistent CTAs, no overlap, 2 stages", {"PERSISTENT_CTAS": 2, "OVERLAP": 0, "PINGPONG": 0,
                                                                 "STAGES": 2}, "test", "sanitize"),
             # the other shapes of the ring and the CTA
-            variant("192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
-                    {"BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize"),
+            variant("two consumers, 192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
+                    {"CONSUMERS": 2, "Q_IN_SHARED": 0, "BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64,
+                     "STAGES_D128": 4}, "test", "sanitize"),
             # (three at D = 128 spill: 160 registers do not hold Q, O and S there; without OVERLAP, 64-key
             # tiles are refused: _p09_refuses)
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).

@@ -18,7 +18,8 @@
 //              runs while its own P·V is in flight (FlashAttention-3's intra-warpgroup pipelining);
 //   PINGPONG=1 (needs OVERLAP) the consumer warpgroups take turns, round robin, to issue their wgmmas
 //              through one named barrier each, so one's softmax overlaps the others' GEMMs;
-//   Q_IN_SHARED=1 Q·Kᵀ reads Q from shared memory, not registers (room for three consumers);
+//   Q_IN_SHARED=1 Q·Kᵀ reads Q from shared memory, not registers (room for three consumers; D = 64,
+//              and Q_IN_SHARED_D128 for D = 128);
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
@@ -31,7 +32,9 @@
 // loaded, the longest causal rows first.
 //
 // Tile parameters: CONSUMERS, BLOCK_N and STAGES for D = 64; CONSUMERS_D128, BLOCK_N_D128 and
-// STAGES_D128 for D = 128. A CTA holds CONSUMERS x 64 query rows.
+// STAGES_D128 for D = 128. A CTA holds CONSUMERS x 64 query rows. The defaults are for large problems
+// (chapter 9's ablation): at D = 64 three consumers with Q read from shared memory, 192 query rows per CTA;
+// at D = 128 two with Q in registers (three do not fit their registers there).
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
@@ -52,7 +55,7 @@
 #endif
 
 #ifndef CONSUMERS
-#define CONSUMERS 2
+#define CONSUMERS 3
 #endif
 #ifndef BLOCK_N
 #define BLOCK_N 128
@@ -81,9 +84,13 @@
 // Q_IN_SHARED=1: Q·Kᵀ reads Q from its shared-memory tile (both wgmma operands from shared memory), so a
 // consumer keeps no Q fragments in registers: 16 (D = 64) or 32 (D = 128) registers fewer, the room three
 // consumers of 160 registers need for 128-key tiles. Q's buffer is then released after the work item's last
-// Q·Kᵀ instead of once Q is in registers.
+// Q·Kᵀ instead of once Q is in registers. On by default at D = 64, where it makes three consumers fit; off at
+// D = 128 (Q_IN_SHARED_D128), where two consumers read Q faster from registers.
 #ifndef Q_IN_SHARED
-#define Q_IN_SHARED 0
+#define Q_IN_SHARED 1
+#endif
+#ifndef Q_IN_SHARED_D128
+#define Q_IN_SHARED_D128 0
 #endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
@@ -138,6 +145,7 @@ __device__ __forceinline__ void issue_scores_shared_q(WarpgroupAttention<T, kHea
 template <int kHeadDim>
 struct Tiles {
   static constexpr int kConsumers = kHeadDim == 128 ? CONSUMERS_D128 : CONSUMERS;
+  static constexpr bool kQInShared = kHeadDim == 128 ? Q_IN_SHARED_D128 : Q_IN_SHARED;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
@@ -326,7 +334,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   auto issue_scores = [&](int tile) {
     trace.stamp(kTraceScoresIssue, items_done, tile);
     const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
-    if constexpr (Q_IN_SHARED)
+    if constexpr (Cfg::kQInShared)
       issue_scores_shared_q(rows, smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
     else
       rows.issue_scores(k_base);
@@ -346,7 +354,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   auto scores_landed = [&](int tile) {
     rows.scores_landed();
     trace.stamp(kTraceScoresDone, items_done, tile);
-    if (Q_IN_SHARED && tile == my_tiles - 1) release_q();
+    if (Cfg::kQInShared && tile == my_tiles - 1) release_q();
   };
   auto output_landed = [&](int tile) {
     rows.output_landed();
@@ -391,7 +399,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceQWaitBegin, items_done);
     mbarrier_wait(&bars.q_full, items_done & 1);
     trace.stamp(kTraceQWaitEnd, items_done);
-    if constexpr (!Q_IN_SHARED) {
+    if constexpr (!Cfg::kQInShared) {
       rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
       release_q();
     }
