@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import env
@@ -106,6 +106,9 @@ class PtxasStats:
     spill_loads: int
     stack_bytes: int
     kernels: int        # entry points compiled (template instantiations)
+    # registers of each entry point (mangled name): where head dims launch different thread counts (phase 9),
+    # each instantiation's own count is what decides whether it launches
+    entry_registers: dict = field(default_factory=dict)
 
 
 _ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
@@ -122,6 +125,7 @@ def parse_ptxas(log: str) -> PtxasStats:
         raise ValueError("no ptxas -v report in the compiler output")
     return PtxasStats(
         registers=max(r for r, _ in used),
+        entry_registers=dict(zip(entries, (r for r, _ in used))) if len(entries) == len(used) else {},
         smem_bytes=max(s for _, s in used),
         spill_stores=max((f[1] for f in frames), default=0),
         spill_loads=max((f[2] for f in frames), default=0),
@@ -142,7 +146,7 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
     cached = None
     if Path(kernel_file).resolve().is_relative_to(KERNELS_DIR):
         identity = json.dumps([kernel_sha256(kernel_file, tile_params), cc, arch_specific, NVCC_FLAGS,
-                               env.nvcc_version()])
+                               env.nvcc_version(), sorted(PtxasStats.__dataclass_fields__)])   # what a stats file holds
         cached = build_root() / "ptxas" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
         if cached.exists():
             return PtxasStats(**json.loads(cached.read_text()))

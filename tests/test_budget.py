@@ -167,9 +167,12 @@ def test_defaults_fit_every_gpu_that_runs_the_phase(name, gpu, default_build_sta
     stats = default_build_stats(name, gpu.cc)
     for launch in budget.launches(name, get(name).tile_params_for(gpu.cc)):
         smem = stats.smem_bytes + launch.smem_bytes
-        occ = budget.occupancy(gpu, launch.threads, stats.registers, smem)
+        # the head dim's own instantiations where the entry names tell them (phase 9 launches 384 or 512 threads)
+        registers = max((r for entry, r in stats.entry_registers.items() if f"Li{launch.head_dim}E" in entry),
+                        default=stats.registers)
+        occ = budget.occupancy(gpu, launch.threads, registers, smem)
         assert occ.fits, (f"{name}'s defaults for sm_{gpu.cc} at D={launch.head_dim}{' (key split)' * launch.split}: "
-                          f"{smem} B of shared memory, {launch.threads} threads x {stats.registers} registers; "
+                          f"{smem} B of shared memory, {launch.threads} threads x {registers} registers; "
                           f"{gpu.name} allows {gpu.smem_per_block_optin} B per block: {occ.limiter}")
 
 

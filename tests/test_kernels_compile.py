@@ -193,6 +193,7 @@ ptxas info    : Used 40 registers, used 1 barriers, 1536 bytes smem, 400 bytes c
     stats = build.parse_ptxas(log)
     assert (stats.registers, stats.smem_bytes, stats.spill_stores, stats.spill_loads, stats.stack_bytes,
             stats.kernels) == (40, 1536, 8, 4, 16, 2)
+    assert stats.entry_registers == {"_Z1aILi64EEvv": 34, "_Z1aILi128EEvv": 40}
 
 
 def test_kernel_hash_covers_headers_and_defines():
