@@ -105,12 +105,12 @@ def test_fallback_takes_a_candidate_where_one_runs(gpu):
 
 
 def test_fallback_on_an_h100_by_problem_size():
-    """p08 (wgmma) where the problem fills the GPU, another candidate where it does not."""
+    """p09 (TMA, warp specialisation) where the problem fills the GPU, another candidate where it does not."""
     small, large = problem(1, 8, 512), problem(4, 16, 2048)
     assert small.waves(H100.sms) < 1 <= large.waves(H100.sms)
-    assert dispatch.fallback(H100, large).phase == "p08_wgmma"
-    assert dispatch.fallback(H100, small).phase != "p08_wgmma"
-    assert dispatch.fallback(B200, large).phase != "p08_wgmma"   # sm_90a code does not run on sm_100
+    assert dispatch.fallback(H100, large).phase == "p09_warpspec"
+    assert dispatch.fallback(H100, small).phase not in ("p08_wgmma", "p09_warpspec")
+    assert dispatch.fallback(B200, large).phase not in ("p08_wgmma", "p09_warpspec")   # sm_90a code: not on sm_100
 
 
 def test_a_phase_whose_tiles_do_not_fit_is_not_chosen():
@@ -332,7 +332,7 @@ TRACING = textwrap.dedent("""
 
     h100 = GpuInfo("NVIDIA H100 80GB HBM3", 90, 132, 232448, 80 << 30, "test")
     env.gpu = lambda index=None: h100
-    handles = {"p07_registers": 7, "p08_wgmma": 8}
+    handles = {"p07_registers": 7, "p08_wgmma": 8, "p09_warpspec": 9}
     dispatch._load = lambda choice, device_index: SimpleNamespace(handle=handles[choice.phase])
     dispatch.table_for = lambda gpu: None   # the fallback's choice, whatever grid records exist
 
@@ -357,4 +357,4 @@ def test_the_choice_is_made_while_tracing_without_graph_breaks():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
-    assert len(lines) == 12 and {line.split(")")[-1].strip() for line in lines} == {"p07_registers", "p08_wgmma"}
+    assert len(lines) == 12 and {line.split(")")[-1].strip() for line in lines} == {"p07_registers", "p09_warpspec"}
