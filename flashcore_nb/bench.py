@@ -258,11 +258,13 @@ def bench_case(fn, case: Case, dtype=torch.float16, rounds: int = ROUNDS) -> dic
     ours["rounds"], ours["processes"] = rounds, 1
     ours["baselines"] = {name: None for name in BASELINES}
     for name, timing in timings.items():
-        ours["baselines"][name] = _paired(ours, timing)
+        ours["baselines"][name] = with_paired_ratios(ours, timing)
     return ours
 
 
-def _paired(ours: dict, timing: dict, processes: int = 1) -> dict:
+def with_paired_ratios(ours: dict, timing: dict, processes: int = 1) -> dict:
+    """A baseline's timing with its paired ratios to ours (paired_ratio), and their per-process values where
+    the rounds ran in several processes."""
     paired = {**timing, "time_ratio": paired_ratio(ours, timing, processes=processes),
               "call_ratio": paired_ratio(ours, timing, "call_us", processes)}
     if processes > 1:
@@ -285,7 +287,8 @@ def pooled(parts: list[dict], case: Case) -> dict:
                 sm_clock_mhz=[mhz for part in parts for mhz in part["sm_clock_mhz"]], baselines={})
     for name in parts[0]["baselines"]:
         per_process = [part["baselines"][name] for part in parts]
-        ours["baselines"][name] = None if None in per_process else _paired(ours, joined(per_process), len(parts))
+        ours["baselines"][name] = (None if None in per_process
+                                   else with_paired_ratios(ours, joined(per_process), len(parts)))
     return ours
 
 

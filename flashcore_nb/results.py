@@ -145,7 +145,7 @@ def resummarise(roots=(RESULTS_DIR, REPEAT_DIR)) -> list[Path]:
     rounds (bench.paired_ratio), after the way they are summarised changed: the rounds, the medians and
     everything measured stay as recorded, and the record says when and by which commit its ratios were
     re-derived. Returns the files it rewrote."""
-    from .bench import _paired
+    from .bench import with_paired_ratios
     written = []
     for root in roots:
         for path, record in all_records(root):
@@ -157,8 +157,9 @@ def resummarise(roots=(RESULTS_DIR, REPEAT_DIR)) -> list[Path]:
                     continue
                 for name, timing in run["baselines"].items():
                     if timing is not None:
-                        timing.update(_paired(run, timing, run["processes"]))
-                        changed = True
+                        derived = with_paired_ratios(run, timing, run["processes"])
+                        changed |= derived != timing
+                        timing.update(derived)
             if changed:
                 record["ratios_resummarised"] = {"commit": current_commit(),
                                                  "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
