@@ -110,6 +110,10 @@ class PtxasStats:
     # each instantiation's own count is what decides whether it launches
     entry_registers: dict = field(default_factory=dict)
 
+    def columns(self) -> dict:
+        """The build as one table row: the worst entry point's numbers (each entry's registers left out)."""
+        return {key: value for key, value in vars(self).items() if key != "entry_registers"}
+
 
 _ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")

@@ -69,10 +69,8 @@ def main(argv=None) -> int:
         return 0
     if args.command == "stats":
         rows = [{"phase": n, "arch": get(n).arch_name(cc),
-                 **vars(build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc), get(n).arch_specific))}
+                 **build.compile_only(get(n).kernel_file, cc, get(n).tile_params_for(cc), get(n).arch_specific).columns()}
                 for n in names for cc in (args.arch or get(n).archs)]
-        for row in rows:
-            row.pop("entry_registers")   # one column per build: the worst entry point's
         print(pd.DataFrame(rows).to_string(index=False))
         return 0
     if args.command == "figures":

@@ -185,9 +185,8 @@ def ptxas(phase_name: str, record: dict | None = None) -> tuple[pd.DataFrame, st
     phase = get(phase_name)
     try:
         ccs = list(phase.archs)
-        rows = [{key: value for key, value in vars(build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc),
-                                                                       phase.arch_specific)).items()
-                 if key != "entry_registers"} for cc in ccs]
+        rows = [build.compile_only(phase.kernel_file, cc, phase.tile_params_for(cc), phase.arch_specific).columns()
+                for cc in ccs]
         source = "compiled just now with nvcc " + (build.env.nvcc_version() or "")
     except build.CompileError as error:
         if record is None or "nvcc not found" not in str(error):
