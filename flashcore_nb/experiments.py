@@ -268,12 +268,19 @@ def record_sweep(phase_name: str) -> Path:
     return results.write(record)
 
 
+def variant_timing_cases(phase_name: str, tag: str) -> tuple[str, ...]:
+    """The cases a phase's variants with this tag are timed on: the timing suite, and for its ablation the
+    phase's own ablation_cases after it."""
+    return VARIANT_TIMING_CASES + (PHASES[phase_name].ablation_cases if tag == "ablation" else ())
+
+
 def record_variants(phase_name: str, tag: str, root: Path = RESULTS_DIR) -> Path:
     """The phase's variants with this tag (VARIANTS), in registry order, each checked and timed against the
     defaults, and each rung against the rung before it too."""
     variants = VARIANTS[tag][phase_name]
     rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=VARIANT_CHECK_CASES,
-                           timing_names=VARIANT_TIMING_CASES, against_defaults=True, against_previous=tag == "rung")
+                           timing_names=variant_timing_cases(phase_name, tag), against_defaults=True,
+                           against_previous=tag == "rung")
     for variant, row in zip(variants, rows):
         row["variant"] = variant
     record = make_record(variants_name(phase_name, tag), phase_name, variants, rows)

@@ -119,6 +119,8 @@ class Phase:
     fallback_waves: tuple[float, float] = (0.0, math.inf)
     # The timing cases (shapes.py) its Nsight Compute profile covers: a large D = 64 problem and a D = 128 one
     profile_cases: tuple[str, ...] = ("b4h16_s2048", "b2h16_s4096_d128")
+    # Cases its ablation times beyond the timing suite (shapes.py): where a switch it ablates shows
+    ablation_cases: tuple[str, ...] = ()
     # Why a tile configuration is refused (a wrong result measured and not yet fixed), or None: load()
     # and every experiment build through build_extension, which raises this reason instead of building.
     refuses: Callable[[dict], str | None] = lambda params: None
@@ -249,9 +251,11 @@ def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
     # them (128B-swizzled, not padded), then the mbarriers (Q full and empty; K full, V full and empty
-    # per stage). The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
+    # per stage) and the slot where DYNAMIC hands the consumers their work item. The kernel asks for 1 KB
+    # more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
-            Buffer(f"V ring (x {stages})", stages * n, head_dim, 2), Buffer("mbarriers", 2 + 3 * stages, 8, 1),
+            Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
+            Buffer("mbarriers and the work item", 3 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
 
 
@@ -562,11 +566,14 @@ _REGISTRY = [
         # D = 64: three consumer warpgroups reading Q from shared memory (192 query rows per CTA), measured
         # faster at every large D = 64 shape than two with Q in registers (the first defaults, an ablation
         # row now) and slower at the mission shape, which is phase 10's. D = 128: two, Q in registers.
+        # The work order: a counter hands out the items (DYNAMIC), causal heads in groups (CAUSAL_GROUP_MB) that
+        # keep K and V in L2 where all heads' would overflow it (16 x 16 x 2048 x 128 causal, the grid's worst).
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
         tile_params={"CONSUMERS": 3, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
-                     "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 0, "TRACE": 0},
+                     "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
+                     "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -574,12 +581,19 @@ _REGISTRY = [
         # Where the problem fills the GPU: in the H100 records p09 takes the least GPU time of our phases at
         # every large timing shape, p07 and p10 at the mission shape (a quarter of a wave).
         fallback_waves=(1.0, math.inf),
+        # the work order shows at long causal rows (the tail) and where all heads' K and V overflow the L2
+        ablation_cases=("b1h32_s8192_d128_causal", "b16h16_s2048_d128_causal"),
         variants=(
             # Chapter 9's ablation: each step of the schedule taken back, and the ring and tiles resized.
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0}, "ablation", "test", "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0}, "ablation", "test"),
+            variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
+            variant("a fixed round robin, rounds as a snake (no counter)", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0},
+                    "ablation", "test", "sanitize"),
+            variant("a fixed round robin, every round the same way", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0, "SNAKE": 0},
+                    "ablation", "test"),
             variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),

@@ -118,8 +118,12 @@ SEQLEN_SWEEP = [
     for d in SEQLEN_HEAD_DIMS for causal in (False, True) for s in SEQLEN_SEQLENS
 ]
 
+# Long causal rows over 32 heads (issue 16's fourth shape): where the order of phase 9's work items shows in its
+# ablation (phases.Phase.ablation_cases), beside the grid's 16 x 16 x 2048 x 128 causal.
+LONG_CAUSAL = [Case("b1h32_s8192_d128_causal", 1, 32, 8192, 128, causal=True)]
+
 SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION],
-          "seqlen": SEQLEN_SWEEP}
+          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

@@ -23,6 +23,18 @@
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
+//   SNAKE=1    (with PERSISTENT, not DYNAMIC) the CTAs take a round of gridDim.x items each in turn, every other round
+//              in reverse, so under a causal mask the CTA that took a round's shortest tile takes the next
+//              round's longest;
+//   CAUSAL_GROUP_MB=n  the causal work order takes the heads in groups, longest tiles first within a group,
+//              so that a head's query tiles run close together in time and read its K and V from L2: a
+//              group has at most half as many heads as there are CTAs (each head's tiles then run two or
+//              more at a time) and at most as many as have their K and V in n MB (of the H100's 50 MB of
+//              L2). n = 0: all heads in one group;
+//   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
+//              global memory its producer bumps, the item handed to the consumers beside Q), not the next
+//              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
+//              head groups cost no balance (a round robin over groups gives some CTAs every long tile);
 // TRACE=1 is the instrumented build (common/trace.cuh; off by default, and then the machine code is the
 // uninstrumented kernel's): one thread of each warpgroup of CTA 0 stamps every copy issued, barrier wait,
 // wgmma issued and waited for, softmax, epilogue and ping-pong turn, for chapter 9's measured timeline
@@ -39,6 +51,7 @@
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
 #include <algorithm>
+#include <atomic>
 
 #include "common/dispatch.cuh"
 #include "common/launch.cuh"
@@ -91,6 +104,15 @@
 #endif
 #ifndef Q_IN_SHARED_D128
 #define Q_IN_SHARED_D128 0
+#endif
+#ifndef SNAKE
+#define SNAKE 1
+#endif
+#ifndef CAUSAL_GROUP_MB
+#define CAUSAL_GROUP_MB 32
+#endif
+#ifndef DYNAMIC
+#define DYNAMIC 1
 #endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
@@ -164,7 +186,7 @@ struct Tiles {
   // 128-byte rows (TMA writes one box per 64 columns); the mbarriers after them.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kBarrierBytes = 8 * (3 + 3 * kStages);   // the barriers and the item
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + 1024;   // + room to align
 
   static_assert(kConsumers == 2 || kConsumers == 3,
@@ -172,6 +194,7 @@ struct Tiles {
   static_assert(kBlockN % 64 == 0 && kBlockN >= 64 && kBlockN <= 256,
                 "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys, a TMA box at most 256 rows");
   static_assert(kStages >= 2, "STAGES: the producer fills one buffer while the consumers read another");
+  static_assert(!DYNAMIC || PERSISTENT, "DYNAMIC hands persistent CTAs their work items");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
 };
 
@@ -183,6 +206,7 @@ struct Barriers {
   uint64_t k_full[kStages];    // K tile in buffer s has landed
   uint64_t v_full[kStages];    // V tile in buffer s has landed
   uint64_t empty[kStages];     // every consumer warp is done with buffer s (K and V)
+  int item;                    // DYNAMIC: the work item whose Q q_full announces (past the end: no more)
 };
 
 // The tensor maps of one call: (B, H, S, D) as TMA counts it, {D, S, H, B}, boxes of 64 columns.
@@ -195,22 +219,65 @@ struct WorkItem {
   int head, batch, first_row, key_tiles;
 };
 
-// Work item `index` of `m_tiles` query tiles per head. Causal: the last query tile of every head
-// first (the longest rows), then the tiles before them, so the shortest work fills the end of the
-// schedule; otherwise a head's query tiles are neighbours in time and share its K and V in L2.
+// The order of the work items: `m_tiles` query tiles per head; under a causal mask, heads taken in groups
+// of `group_size` (CAUSAL_GROUP_MB; all heads when it is 0). Worked out once per CTA, not per item.
+struct WorkOrder {
+  int m_tiles, heads, group_size;
+};
+
+template <int kBlockM>
+__device__ __forceinline__ WorkOrder work_order(const FlashParams& params) {
+  const int m_tiles = (params.seqlen_q + kBlockM - 1) / kBlockM, heads = params.heads * params.batch;
+  const long long kv_bytes = 4LL * params.seqlen_k * params.head_dim;   // one head's K and V, 2 bytes each
+  const long long fit = CAUSAL_GROUP_MB * (1LL << 20) / kv_bytes;       // heads whose K and V fit the budget
+  const long long size = min(min(static_cast<long long>(heads), gridDim.x / 2LL), fit);
+  return {m_tiles, heads, CAUSAL_GROUP_MB == 0 || !params.causal ? heads : static_cast<int>(max(1LL, size))};
+}
+
+// Work item `index`. Causal: the last query tile of every head of a group first (the longest rows), then
+// the tiles before them, so the shortest work fills the end of the group's schedule (the last group may
+// hold fewer heads); otherwise a head's query tiles are neighbours in time and share its K and V in L2.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ WorkItem work_item(int index, int m_tiles, const FlashParams& params) {
-  const int heads = params.heads * params.batch;
-  const int m_tile = params.causal ? m_tiles - 1 - index / heads : index % m_tiles;
-  const int head = params.causal ? index % heads : index / m_tiles;
+__device__ __forceinline__ WorkItem work_item(int index, const WorkOrder& order, const FlashParams& params) {
+  int m_tile = index % order.m_tiles, head = index / order.m_tiles;
+  if (params.causal) {
+    const int group = index / (order.group_size * order.m_tiles), place = index % (order.group_size * order.m_tiles);
+    const int group_heads = min(order.group_size, order.heads - group * order.group_size);
+    m_tile = order.m_tiles - 1 - place / group_heads;
+    head = group * order.group_size + place % group_heads;
+  }
   const int first_row = m_tile * kBlockM;
   const int key_end = params.causal ? min(params.seqlen_k, first_row + kBlockM) : params.seqlen_k;
   return {head % params.heads, head / params.heads, first_row, (key_end + kBlockN - 1) / kBlockN};
 }
 
+// The work item this CTA takes in round `round` (rounds of gridDim.x items, in work_item's order): its own
+// place in the round, or (SNAKE) every other round the place counted from the other end.
+__device__ __forceinline__ int item_of_round(int round) {
+  const int place = SNAKE && (round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  return round * gridDim.x + place;
+}
+
+// DYNAMIC: the work counters. Each launch takes the next of kCounterSlots slots in turn (launch()), so two
+// launches count apart unless they run at once kCounterSlots launches apart. Its CTAs count the items taken
+// in [0] and the CTAs done in [1]; the last CTA done sets both back to zero for the slot's next launch.
+constexpr int kCounterSlots = 64;
+__device__ unsigned int work_counters[kCounterSlots][2];
+
+// DYNAMIC: this CTA has taken its last item (the counter ran past the end); the last CTA to get here resets
+// the slot. Every CTA bumped [0] for the last time before it bumps [1], so after the last bump of [1]
+// nobody touches the slot until the next launch that takes it.
+__device__ __forceinline__ void finish_counting(unsigned int (&counter)[2]) {
+  __threadfence();
+  if (atomicAdd(&counter[1], 1u) == gridDim.x - 1) {
+    atomicExch(&counter[0], 0u);
+    atomicExch(&counter[1], 0u);
+  }
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
-    attention_warpspec_kernel(const FlashParams params, const __grid_constant__ TensorMaps maps) {
+    attention_warpspec_kernel(const FlashParams params, const __grid_constant__ TensorMaps maps, int counter_slot) {
   using Cfg = Tiles<kHeadDim>;
   constexpr int kDBlocks = kHeadDim / 64;        // 64-column TMA boxes per tile
   constexpr int kStages = Cfg::kStages;
@@ -226,8 +293,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
   // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  const int m_tiles = (params.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int work_items = m_tiles * params.heads * params.batch;
+  const WorkOrder order = work_order<Cfg::kBlockM>(params);
+  const int work_items = order.m_tiles * order.heads;
   // The K/V ring is one sequence across this CTA's work items: the key tile `tile` of an item is the
   // ring's entry `ring_base + tile`, in buffer (entry % kStages), filled for the (entry / kStages)th time.
   const auto buffer = [](int entry) { return entry % kStages; };
@@ -252,8 +319,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       TraceRecorder trace(0, true);   // TRACE=1 only: the issuing thread records
       trace.begin();
       int ring_base = 0, items_done = 0;
-      for (int index = blockIdx.x; index < work_items; index += gridDim.x, ++items_done) {
-        const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
+      // Every CTA's first item is its own place in the first round; DYNAMIC then counts the items taken.
+      for (int index = blockIdx.x; index < work_items; ++items_done) {
+        const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
         // Q's buffer is free once every consumer warp has its rows of the previous Q in registers.
         if (items_done > 0) {
           trace.stamp(kTraceEmptyWaitBegin, items_done);
@@ -261,10 +329,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           trace.stamp(kTraceEmptyWaitEnd, items_done);
         }
         trace.stamp(kTraceQIssue, items_done);
+        if (DYNAMIC) bars.item = index;   // published by q_full's arrival (release), read after its wait
         mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kDBlocks; ++c)
           tma_load<4>(q_tile + c * Cfg::kBlockM * 128, &maps.q, &bars.q_full, {c * 64, item.first_row, item.head, item.batch});
+        // The next item, asked for now: the counter's answer takes a trip to L2, which this item's copies hide.
+        const int next = DYNAMIC ? static_cast<int>(gridDim.x + atomicAdd(&work_counters[counter_slot][0], 1u))
+                                 : item_of_round(items_done + 1);
         for (int tile = 0; tile < item.key_tiles; ++tile) {
           const int entry = ring_base + tile, s = buffer(entry);
           // The buffer's previous entry must have been released by every consumer warp.
@@ -286,6 +358,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
                         {c * 64, tile * Cfg::kBlockN, item.head, item.batch});
         }
         ring_base += item.key_tiles;
+        index = next;
+      }
+      if constexpr (DYNAMIC) {   // tell the consumers there is no next item, once they are done with Q
+        mbarrier_wait(&bars.q_empty, (items_done - 1) & 1);
+        bars.item = work_items;
+        mbarrier_arrive(&bars.q_full);
+        finish_counting(work_counters[counter_slot]);
       }
       trace.end();
     }
@@ -305,7 +384,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
 
   // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
-  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN> rows;   // this warpgroup's registers and math
+  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN> rows;   // its registers, math
 
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
   // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
@@ -388,17 +467,31 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     }
   };
 
-  for (int index = blockIdx.x; index < work_items; index += gridDim.x, ++items_done) {
-    const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, m_tiles, params);
+  for (;; ++items_done) {
+    // The item: DYNAMIC, the one the producer announces with Q (waited for here); otherwise this CTA's
+    // place in the round, computed as the producer does.
+    if constexpr (DYNAMIC) {
+      trace.stamp(kTraceQWaitBegin, items_done);
+      mbarrier_wait(&bars.q_full, items_done & 1);
+      trace.stamp(kTraceQWaitEnd, items_done);
+    }
+    // (Lane 0 reads it, the lane that later releases Q to the producer, and shuffles it to the warp: seen to
+    // be the same across the warp, as the warpgroup index is, the item keeps the branches on it uniform, and
+    // ptxas neither splits the softmax into divergent copies nor serialises the wgmmas.)
+    const int index = DYNAMIC ? __shfl_sync(0xffffffffu, lane == 0 ? bars.item : 0, 0) : item_of_round(items_done);
+    if (index >= work_items) break;
+    const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
     key_tiles = item.key_tiles;
     group_row = item.first_row + consumer * 64;   // this warpgroup's first query row
     warp_row = group_row + warp * 16 + g;         // this lane's rows: warp_row and + 8
     // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
     my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
 
-    trace.stamp(kTraceQWaitBegin, items_done);
-    mbarrier_wait(&bars.q_full, items_done & 1);
-    trace.stamp(kTraceQWaitEnd, items_done);
+    if constexpr (!DYNAMIC) {
+      trace.stamp(kTraceQWaitBegin, items_done);
+      mbarrier_wait(&bars.q_full, items_done & 1);
+      trace.stamp(kTraceQWaitEnd, items_done);
+    }
     if constexpr (!Cfg::kQInShared) {
       rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
       release_q();
@@ -512,7 +605,9 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   // Persistent: one CTA per SM (each holds a whole SM's shared memory), walking the work items.
   const long long ctas = PERSISTENT ? std::min<long long>(work_items, PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms)
                                     : work_items;
-  kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  static std::atomic<unsigned> launches{0};   // DYNAMIC: this launch's work counter slot
+  const int counter_slot = DYNAMIC ? static_cast<int>(launches.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
+  kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, counter_slot);
   return cudaGetLastError();
 }
 
