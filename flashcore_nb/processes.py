@@ -5,8 +5,8 @@ keeps for its whole life: two `record` runs showed every method's time at the mi
 by a few percent, the same in all nine rounds of a run, by a different amount for each method. So
 `record` runs its rounds in PROCESSES fresh processes, one after the other, ROUNDS / PROCESSES
 rounds each, and pools them (bench.pooled): the medians are then taken over all the rounds, and each
-paired ratio per process, then averaged over the processes (bench.paired_ratio). Each process builds nothing: the parent has built the phase, and the
-child loads it from the build cache.
+paired ratio per process, then averaged over the processes (bench.paired_ratio). Each process builds
+nothing: the parent has built the phase, and the child loads it from the build cache.
 
     python -m flashcore_nb.processes PHASE PARAMS_JSON CASES_JSON ROUNDS   (one child's work, JSON on stdout)
 
