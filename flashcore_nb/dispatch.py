@@ -3,12 +3,14 @@
     o = flashcore_nb.attention(q, k, v, is_causal=True)            # as F.scaled_dot_product_attention
     o = flashcore_nb.attention(q, k, v, phase="p07_registers")     # one phase, forced
 
-As SDPA picks a backend for each call, `attention` picks a phase, with its default tiles for this GPU:
+As SDPA picks a backend for each call, `attention` picks a candidate: a phase with its default tiles for this
+GPU ("p09_warpspec"), or one of the tile configurations a phase offers beside them ("p09_warpspec:128-row",
+phases.Variant.candidate):
 - with a tuning table for this GPU (tuning.py: the grid recorded on it, or on a GPU of the same compute
   capability), the fastest candidate recorded at the nearest grid case that can run the problem;
-- otherwise (the fallback), among the candidates (phases.Phase.dispatch) that run the problem here, or every
-  phase that does where no candidate can, the last in the book's order whose `fallback_waves` hold the
-  problem's size on this GPU (the last of them all where none does).
+- otherwise (the fallback), among the phases marked as candidates (phases.Phase.dispatch) that run the problem
+  here, or every phase that does where none can, the last in the book's order whose `fallback_waves` hold the
+  problem's size on this GPU (the last of them all where none does), with its default tiles.
 
 The choice is made once per input signature (devices, dtypes, shapes, strides, alignment, mask and the
 `phase` argument) and kept in a dict, after the full checks of binding.py; each chosen phase is loaded once per
@@ -34,26 +36,54 @@ _table_override: tuning.Table | None = None   # set by use_table: replaces the r
 @dataclass(frozen=True)
 class Choice:
     phase: str
-    tile_params: dict   # the -D defines it is built with (its defaults on this GPU)
+    tile_params: dict   # the -D defines it is built with (its defaults on this GPU, or a candidate's)
     reason: str
+    candidate: str      # its name among the candidates: the phase, or "<phase>:<configuration>"
 
 
-def can_run(phase_name: str, problem: tuning.Problem, gpu: env.GpuInfo) -> bool:
-    """Whether the phase, with its default tiles for this GPU, runs the problem here (what it declares, and its
-    shared memory against the GPU's limit)."""
+def configuration(candidate: str, cc: int) -> tuple[str, dict, tuple[int, ...]]:
+    """A candidate's phase, its tile parameters on a GPU of compute capability `cc`, and the head dims it is for:
+    "p09_warpspec" is the phase with its defaults, "p09_warpspec:128-row" the variant of that candidate name.
+    An unknown phase raises KeyError, an unknown configuration ValueError."""
+    phase_name, _, config = candidate.partition(":")
+    phase = get(phase_name)
+    if not config:
+        return phase.name, phase.tile_params_for(cc), phase.head_dims
+    named = {v.candidate: v for v in phase.candidate_variants}
+    if config not in named:
+        raise ValueError(f"{phase.name} has no tile configuration {config!r} among its candidates "
+                         f"({', '.join(sorted(named)) or 'none'})")
+    return phase.name, {**phase.tile_params_for(cc), **named[config].defines}, named[config].head_dims or phase.head_dims
+
+
+def can_run(candidate: str, problem: tuning.Problem, gpu: env.GpuInfo) -> bool:
+    """Whether the candidate (a phase with its default tiles for this GPU, or one of its configurations) runs the
+    problem here: what the phase declares, the head dims the configuration is for, and its shared memory against
+    the GPU's limit."""
+    phase_name, tile_params, head_dims = configuration(candidate, gpu.cc)
     phase = PHASES[phase_name]
     if not (phase.runs_on(gpu.cc) and phase.supports_dtype_on(problem.dtype, gpu.cc)
-            and problem.head_dim in phase.head_dims and (phase.causal or not problem.causal)
+            and problem.head_dim in head_dims and (phase.causal or not problem.causal)
             and (phase.cross_lengths or problem.seqlen_q == problem.seqlen_k)):
         return False
-    launches = budget.launches(phase_name, phase.tile_params_for(gpu.cc))
+    launches = budget.launches(phase_name, tile_params)
     return all(launch.smem_bytes <= gpu.smem_per_block_optin for launch in launches
                if launch.head_dim == problem.head_dim)
 
 
 def candidates(gpu: env.GpuInfo) -> list[str]:
-    """The phases `attention` chooses among on this GPU, in the book's order: what the grid times."""
-    return [name for name, phase in PHASES.items() if phase.dispatch and phase.runs_on(gpu.cc)]
+    """What `attention` chooses among on this GPU, in the book's order, each phase's configurations after it:
+    what the grid times."""
+    return [name for phase_name, phase in PHASES.items() if phase.dispatch and phase.runs_on(gpu.cc)
+            for name in (phase_name, *(f"{phase_name}:{v.candidate}" for v in phase.candidate_variants))]
+
+
+def _known(candidate: str) -> bool:
+    try:
+        configuration(candidate, 0)
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 def fallback(gpu: env.GpuInfo, problem: tuning.Problem) -> Choice | None:
@@ -67,16 +97,18 @@ def fallback(gpu: env.GpuInfo, problem: tuning.Problem) -> Choice | None:
     name = (suited or preferred)[-1]
     return Choice(name, PHASES[name].tile_params_for(gpu.cc),
                   f"fallback (no recorded ranking runs it): the last phase that runs it on the {gpu.name} and is "
-                  f"meant for {waves:.2f} waves of {tuning.WAVE_TILE_ROWS}-row tiles on its {gpu.sms} SMs")
+                  f"meant for {waves:.2f} waves of {tuning.WAVE_TILE_ROWS}-row tiles on its {gpu.sms} SMs", name)
 
 
 def choose(gpu: env.GpuInfo, problem: tuning.Problem, table: tuning.Table | None) -> Choice | None:
-    """The phase for a problem on a GPU: the table's ranking at the nearest grid case, else the fallback."""
+    """The candidate for a problem on a GPU: the table's ranking at the nearest grid case (candidates this version
+    no longer has are passed over), else the fallback."""
     entry = tuning.nearest(table, problem) if table is not None else None
     for name in entry.ranking if entry else ():
-        if name in PHASES and can_run(name, problem, gpu):
-            return Choice(name, PHASES[name].tile_params_for(gpu.cc),
-                          f"the fastest recorded at the nearest grid case, {entry.case}, in the {table.source}")
+        if _known(name) and can_run(name, problem, gpu):
+            phase_name, tile_params, _ = configuration(name, gpu.cc)
+            return Choice(phase_name, tile_params,
+                          f"the fastest recorded at the nearest grid case, {entry.case}, in the {table.source}", name)
     return fallback(gpu, problem)
 
 
@@ -109,8 +141,8 @@ def _nominal_here(gpu: env.GpuInfo) -> str:
 
 def _choice(gpu: env.GpuInfo, q_shape, k_shape, dtype, causal: bool, phase: str) -> Choice | None:
     if phase != "auto":
-        forced = get(phase)
-        return Choice(forced.name, forced.tile_params_for(gpu.cc), "forced by the caller")
+        phase_name, tile_params, _ = configuration(phase, gpu.cc)
+        return Choice(phase_name, tile_params, "forced by the caller", phase)
     problem = tuning.Problem.of(q_shape, k_shape, dtype, causal)
     return choose(gpu, problem, table_for(gpu)) if problem else None
 
@@ -120,12 +152,14 @@ def _load(choice: Choice, device_index: int):
     if key not in _loaded:
         with torch.cuda.device(device_index):   # built for that device's architecture
             _loaded[key] = binding.load(choice.phase, **choice.tile_params)
+            _loaded[key].candidate = choice.candidate   # one candidate per (phase, tile parameters)
     return _loaded[key]
 
 
 def chosen(q, k, v, *, is_causal: bool = False, phase: str = "auto"):
-    """The loaded phase (binding.load's function) that `attention` launches for these inputs, after the
-    full checks, which raise the book's messages for inputs it cannot take."""
+    """The loaded phase (binding.load's function, the chosen candidate's name as its `.candidate`) that
+    `attention` launches for these inputs, after the full checks, which raise the book's messages for inputs it
+    cannot take."""
     binding.check_device(q, k, v)
     gpu = env.gpu(q.device.index)
     choice = _choice(gpu, q.shape, k.shape, q.dtype, bool(is_causal), phase)
@@ -151,14 +185,15 @@ def _traced_handle(device, dtype, q_shape, k_shape, causal: bool, phase: str) ->
     choice = _choice(gpu, q_shape, k_shape, dtype, causal, phase)
     if choice is None:
         name = _nominal_here(gpu)
-        choice = Choice(name, PHASES[name].tile_params_for(gpu.cc), "refused by the operator")
+        choice = Choice(name, PHASES[name].tile_params_for(gpu.cc), "refused by the operator", name)
     return _load(choice, device.index).handle
 
 
 def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, phase: str = "auto"):
     """softmax(q kᵀ · scale) v, the function of F.scaled_dot_product_attention(q, k, v, is_causal=...,
     scale=...): q (B, H, Sq, D), k and v (B, H, Sk, D), fp16 or bf16 CUDA tensors, D 64 or 128; causal is
-    top-left aligned; scale defaults to 1/√D. `phase` names one phase instead of the choice ("auto").
+    top-left aligned; scale defaults to 1/√D. `phase` names one candidate instead of the choice ("auto"): a
+    phase, with its default tiles, or "<phase>:<configuration>".
     Forward only."""
     if torch.compiler.is_compiling():
         handle = _traced_handle(q.device, q.dtype, _static(q.shape), _static(k.shape), bool(is_causal), phase)

@@ -4,8 +4,8 @@ the tuning table flashcore_nb.attention reads, and what `attention` then achieve
     python -m flashcore_nb grid     # writes results/<gpu>/experiments/grid.json
 
 On every case of shapes.GRID, in fp16:
-1. the race: every candidate phase that runs the case here (phases.Phase.dispatch), every SDPA backend and the
-   Triton peer, in the same interleaved rounds (bench.compare): GPU time and call latency;
+1. the race: every candidate that runs the case here (dispatch.candidates: the phases marked `dispatch` and
+   their tile configurations named as candidates), every SDPA backend and the Triton peer, in the same interleaved rounds (bench.compare): GPU time and call latency;
 2. after the last case, the tuning table: the candidates ranked by GPU time per case (tuning.derive), which
    `attention` uses from then on;
 3. `attention`'s choice checked against the float64 reference (check.py, the book's rule), then `attention`
@@ -89,7 +89,7 @@ def dispatched(case: shapes.Case) -> dict:
     calls.update(baseline_calls(DISPATCH_BASELINES, inputs, case.causal))
     timings = timed(calls, case, ROUNDS)
     clock = timings.pop("sm_clock_mhz")
-    return {"choice": fn.phase.name,
+    return {"choice": fn.candidate,
             "check": {key: getattr(result, key) for key in ("max_abs_err", "sdpa_max_abs_err", "unwritten", "passed")},
             "dispatch": timings, "dispatch_sm_clock_mhz": clock}
 
@@ -97,8 +97,8 @@ def dispatched(case: shapes.Case) -> dict:
 def _prebuild(names: list[str], cc: int) -> None:
     """Every candidate compiled in parallel, the launcher meanwhile (on a fresh machine, minutes saved)."""
     from . import build, launcher
-    from .phases import PHASES
-    builds = [(name, PHASES[name].tile_params_for(cc)) for name in names]
+    from .dispatch import configuration
+    builds = [configuration(name, cc)[:2] for name in names]
     errors = [error for error in experiments.compile_in_parallel(builds, cc, meanwhile=launcher.launcher) if error]
     if errors:
         raise build.CompileError("\n".join(errors))
@@ -111,7 +111,7 @@ def record(progress=print) -> Path:
 
     from . import tables
     from .binding import load as load_phase
-    from .dispatch import candidates, use_table
+    from .dispatch import candidates, configuration, use_table
     start = time.perf_counter()
 
     def say(line: str) -> None:
@@ -120,7 +120,8 @@ def record(progress=print) -> Path:
     gpu = env.gpu()
     names = candidates(gpu)
     _prebuild(names, gpu.cc)
-    fns = {name: load_phase(name) for name in names}
+    configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
+    fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
     say(f"built {', '.join(names) or 'no candidate'}")
     rows = []
     for case in shapes.GRID:
@@ -136,8 +137,8 @@ def record(progress=print) -> Path:
                 f"{speed:.2f}x SDPA default's speed")
     finally:
         use_table(None)
-    record = experiments.make_record(NAME, None, {name: {} for name in names}, rows,
-                                     build_phases={name: name for name in names})
+    record = experiments.make_record(NAME, None, {name: tile_params for name, (_, tile_params) in configurations.items()},
+                                     rows, build_phases={name: phase for name, (phase, _) in configurations.items()})
     record.update(candidates=names, tuning=table, gpu_info=asdict(gpu), rounds=ROUNDS)
     path = results.write(record)
     recorded = frame(record)

@@ -59,14 +59,19 @@ class Variant:
     "sanitize": an extra compute-sanitizer target beside the defaults;
     "test": the GPU suite checks it on the whole shape suite (it must be correct);
     "trace": an instrumented build (TRACE=1, kernels/common/trace.cuh) of the phase's trace record (trace.py):
-    a measured timeline of one CTA, never a timing."""
+    a measured timeline of one CTA, never a timing.
+    A variant with a `candidate` name is also a tile configuration flashcore_nb.attention may choose: the grid
+    races it beside the phase's defaults as "<phase>:<candidate>", at `head_dims` (its defines change only
+    those; empty: every head dim the phase takes)."""
     label: str
     defines: dict
     tags: frozenset[str]
+    candidate: str = ""
+    head_dims: tuple[int, ...] = ()
 
 
-def variant(label: str, defines: dict, *tags: str) -> Variant:
-    return Variant(label, defines, frozenset(tags))
+def variant(label: str, defines: dict, *tags: str, candidate: str = "", head_dims: tuple[int, ...] = ()) -> Variant:
+    return Variant(label, defines, frozenset(tags), candidate, head_dims)
 
 
 def rungs(off: dict, *steps: tuple[str, tuple[str, ...]], tested: int = 0) -> tuple[Variant, ...]:
@@ -158,6 +163,11 @@ class Phase:
     def variants_tagged(self, tag: str) -> dict[str, dict]:
         """label -> defines of the variants with this tag, in registry order."""
         return {v.label: v.defines for v in self.variants if tag in v.tags}
+
+    @property
+    def candidate_variants(self) -> tuple[Variant, ...]:
+        """Its tile configurations flashcore_nb.attention may choose beside the defaults (Variant.candidate)."""
+        return tuple(v for v in self.variants if v.candidate)
 
 
 # --- per-phase tile arithmetic (the kernels' own, mirrored) ---------------------------------------
@@ -602,10 +612,16 @@ _REGISTRY = [
             variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
+            # A candidate of `attention` for short rows at D = 128: twice the steps per work item, so the
+            # pipeline's first and last steps (a Q·Kᵀ alone, a P·V alone) weigh half as much.
+            variant("64-key tiles, 4 stages (D=128)", {"BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize",
+                    candidate="64-key", head_dims=(128,)),
             # The CTA's shape at D = 64. A consumer gets 240 registers beside one other, 160 beside two: with
             # Q in registers three consumers spill on 128-key tiles (80 bytes) but not on 64-key ones.
+            # Also a candidate of `attention`: 128-row work items fill the last wave better than 192-row ones on
+            # problems of a wave or two (1 x 16 x 2048 x 64: 176 items of 192 rows on 132 SMs, 256 of 128).
             variant("two consumers, Q in registers (D=64)", {"CONSUMERS": 2, "Q_IN_SHARED": 0}, "ablation", "test",
-                    "sanitize"),
+                    "sanitize", candidate="128-row", head_dims=(64,)),
             variant("two consumers, Q from shared memory (D=64)", {"CONSUMERS": 2}, "ablation"),
             variant("three consumers, Q in registers, 64-key tiles (D=64)", {"Q_IN_SHARED": 0, "BLOCK_N": 64},
                     "ablation", "test"),

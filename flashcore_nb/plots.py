@@ -684,8 +684,11 @@ def method_colors(names) -> dict[str, str]:
 
 
 def _short(method: str) -> str:
-    """'p07_registers' -> 'p07', 'sdpa_cudnn' -> 'cudnn'."""
-    return method.removeprefix("sdpa_") if method.startswith("sdpa_") else method.split("_")[0]
+    """'p07_registers' -> 'p07', 'p09_warpspec:128-row' -> 'p09:128-row', 'sdpa_cudnn' -> 'cudnn'."""
+    if method.startswith("sdpa_"):
+        return method.removeprefix("sdpa_")
+    phase, _, configuration = method.partition(":")
+    return phase.split("_")[0] + (f":{configuration}" if configuration else "")
 
 
 def winner_map(frame: pd.DataFrame, title: str):

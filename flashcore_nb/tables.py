@@ -424,13 +424,24 @@ def grid_mission(frame: pd.DataFrame) -> pd.DataFrame:
 # --- how flashcore_nb.attention chooses (dispatch.py, tuning.py) --------------------------------------------
 
 def dispatch_candidates() -> pd.DataFrame:
-    """The phases `attention` chooses among (phases.Phase.dispatch) and what each declares."""
+    """What `attention` chooses among: the phases marked `dispatch` (phases.Phase.dispatch), each with what it
+    declares, and after each the tile configurations it offers as candidates (phases.Variant.candidate), with
+    the defines they change and the head dims they are for."""
     from .phases import PHASES
-    return pd.DataFrame([{"phase": name, "runs on": phase.requirement, "dtypes": ", ".join(phase.dtypes),
-                          "head dims": ", ".join(map(str, phase.head_dims)), "causal": phase.causal,
-                          "Sq ≠ Sk": phase.cross_lengths,
-                          "fallback: waves from": phase.fallback_waves[0], "fallback: waves below": phase.fallback_waves[1]}
-                         for name, phase in PHASES.items() if phase.dispatch])
+    rows = []
+    for name, phase in PHASES.items():
+        if not phase.dispatch:
+            continue
+        declared = {"runs on": phase.requirement, "dtypes": ", ".join(phase.dtypes), "causal": phase.causal,
+                    "Sq ≠ Sk": phase.cross_lengths}
+        rows.append({"candidate": name, "tiles": "defaults", **declared,
+                     "head dims": ", ".join(map(str, phase.head_dims)),
+                     "fallback: waves from": phase.fallback_waves[0], "fallback: waves below": phase.fallback_waves[1]})
+        for v in phase.candidate_variants:
+            rows.append({"candidate": f"{name}:{v.candidate}", "tiles": ", ".join(f"{k}={x}" for k, x in v.defines.items()),
+                         **declared, "head dims": ", ".join(map(str, v.head_dims or phase.head_dims)),
+                         "fallback: waves from": None, "fallback: waves below": None})
+    return pd.DataFrame(rows)
 
 
 def dispatch_fallback(cases: list[Case], gpus=tuple(budget.GPUS.values())) -> pd.DataFrame:
@@ -460,7 +471,7 @@ def dispatch_choices(cases: list[Case], gpu, table) -> pd.DataFrame:
         choice = choose(gpu, problem, table)
         rows.append({"problem": case.label(), "waves": problem.waves(gpu.sms),
                      "nearest grid case": entry.case if entry else None,
-                     "attention runs": choice.phase if choice else None, "why": choice.reason if choice else None})
+                     "attention runs": choice.candidate if choice else None, "why": choice.reason if choice else None})
     return pd.DataFrame(rows)
 
 

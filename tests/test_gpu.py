@@ -354,7 +354,7 @@ def test_attention_matches_the_reference(cuda, case, dtype):
             flashcore_nb.attention(q, k, v, is_causal=case.causal)
         return
     fn = dispatch.chosen(q, k, v, is_causal=case.causal)
-    assert fn.phase.name in dispatch.candidates(env.gpu()) or not dispatch.candidates(env.gpu())
+    assert fn.candidate in dispatch.candidates(env.gpu()) or not dispatch.candidates(env.gpu())
     result = check(fn, case, dtype, seed=8)
     assert result.unwritten == 0 and result.passed, result
     out = flashcore_nb.attention(q, k, v, is_causal=case.causal)
@@ -389,9 +389,11 @@ def test_a_forced_phase_runs_that_phase(cuda):
     from flashcore_nb import dispatch
     q, k, v = make_inputs(Case("forced", 1, 4, 100, 64), seed=9)
     for name in ("p01_baseline", *dispatch.candidates(env.gpu())):
-        assert dispatch.chosen(q, k, v, phase=name).phase.name == name
-        torch.testing.assert_close(flashcore_nb.attention(q, k, v, phase=name), flashcore_nb.load(name)(q, k, v),
-                                   rtol=0, atol=0)
+        phase, tile_params, _ = dispatch.configuration(name, env.gpu().cc)
+        fn = dispatch.chosen(q, k, v, phase=name)
+        assert (fn.candidate, fn.phase.name, fn.tile_params) == (name, phase, tile_params)
+        torch.testing.assert_close(flashcore_nb.attention(q, k, v, phase=name),
+                                   flashcore_nb.load(phase, **tile_params)(q, k, v), rtol=0, atol=0)
     with pytest.raises(KeyError, match="known phases: p01_baseline"):
         flashcore_nb.attention(q, k, v, phase="p42_magic")
     with pytest.raises(TypeError, match="p03_wmma supports dtypes float16; got bfloat16"):
@@ -463,8 +465,12 @@ def test_the_grid_steps_on_one_case(cuda, monkeypatch):
     monkeypatch.setattr(grid, "ROUNDS", 1)
     gpu = env.gpu()
     names = dispatch.candidates(gpu)
-    row = grid.race(MISSION, {name: flashcore_nb.load(name) for name in names}, gpu)
-    assert set(names) | {"sdpa_default", "sdpa_flash"} <= set(row["race"]) and row["sdpa_default_backend"]
+    fns = {name: flashcore_nb.load(phase, **params) for name in names
+           for phase, params, _ in [dispatch.configuration(name, gpu.cc)]}
+    row = grid.race(MISSION, fns, gpu)
+    running = {name for name in names if dispatch.can_run(name, tuning.Problem.of_case(MISSION), gpu)}
+    assert "p09_warpspec:64-key" not in running, "a configuration for D = 128 only"
+    assert running | {"sdpa_default", "sdpa_flash"} <= set(row["race"]) and row["sdpa_default_backend"]
     table = tuning.derive([row], names)
     dispatch.use_table(tuning.from_json(table, gpu.name, gpu.cc, "test table"))
     try:
