@@ -53,7 +53,8 @@ def configuration(candidate: str, cc: int) -> tuple[str, dict, tuple[int, ...]]:
     if config not in named:
         raise ValueError(f"{phase.name} has no tile configuration {config!r} among its candidates "
                          f"({', '.join(sorted(named)) or 'none'})")
-    return phase.name, {**phase.tile_params_for(cc), **named[config].defines}, named[config].head_dims or phase.head_dims
+    variant = named[config]
+    return phase.name, {**phase.tile_params_for(cc), **variant.defines}, variant.head_dims or phase.head_dims
 
 
 def can_run(candidate: str, problem: tuning.Problem, gpu: env.GpuInfo) -> bool:

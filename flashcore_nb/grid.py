@@ -5,7 +5,8 @@ the tuning table flashcore_nb.attention reads, and what `attention` then achieve
 
 On every case of shapes.GRID, in fp16:
 1. the race: every candidate that runs the case here (dispatch.candidates: the phases marked `dispatch` and
-   their tile configurations named as candidates), every SDPA backend and the Triton peer, in the same interleaved rounds (bench.compare): GPU time and call latency;
+   their tile configurations named as candidates), every SDPA backend and the Triton peer, in the same
+   interleaved rounds (bench.compare): GPU time and call latency;
 2. after the last case, the tuning table: the candidates ranked by GPU time per case (tuning.derive), which
    `attention` uses from then on;
 3. `attention`'s choice checked against the float64 reference (check.py, the book's rule), then `attention`
@@ -137,8 +138,9 @@ def record(progress=print) -> Path:
                 f"{speed:.2f}x SDPA default's speed")
     finally:
         use_table(None)
-    record = experiments.make_record(NAME, None, {name: tile_params for name, (_, tile_params) in configurations.items()},
-                                     rows, build_phases={name: phase for name, (phase, _) in configurations.items()})
+    builds = {name: tile_params for name, (_, tile_params) in configurations.items()}
+    record = experiments.make_record(NAME, None, builds, rows,
+                                     build_phases={name: phase for name, (phase, _) in configurations.items()})
     record.update(candidates=names, tuning=table, gpu_info=asdict(gpu), rounds=ROUNDS)
     path = results.write(record)
     recorded = frame(record)

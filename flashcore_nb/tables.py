@@ -438,7 +438,8 @@ def dispatch_candidates() -> pd.DataFrame:
                      "head dims": ", ".join(map(str, phase.head_dims)),
                      "fallback: waves from": phase.fallback_waves[0], "fallback: waves below": phase.fallback_waves[1]})
         for v in phase.candidate_variants:
-            rows.append({"candidate": f"{name}:{v.candidate}", "tiles": ", ".join(f"{k}={x}" for k, x in v.defines.items()),
+            tiles = ", ".join(f"{key}={value}" for key, value in v.defines.items())
+            rows.append({"candidate": f"{name}:{v.candidate}", "tiles": tiles,
                          **declared, "head dims": ", ".join(map(str, v.head_dims or phase.head_dims)),
                          "fallback: waves from": None, "fallback: waves below": None})
     return pd.DataFrame(rows)
