@@ -79,14 +79,6 @@ def candidates(gpu: env.GpuInfo) -> list[str]:
             for name in (phase_name, *(f"{phase_name}:{v.candidate}" for v in phase.candidate_variants))]
 
 
-def _known(candidate: str) -> bool:
-    try:
-        configuration(candidate, 0)
-    except (KeyError, ValueError):
-        return False
-    return True
-
-
 def fallback(gpu: env.GpuInfo, problem: tuning.Problem) -> Choice | None:
     """The choice without a tuning table (see the module's docstring); None where no phase runs the problem."""
     runnable = [name for name in PHASES if can_run(name, problem, gpu)]
@@ -106,8 +98,11 @@ def choose(gpu: env.GpuInfo, problem: tuning.Problem, table: tuning.Table | None
     no longer has are passed over), else the fallback."""
     entry = tuning.nearest(table, problem) if table is not None else None
     for name in entry.ranking if entry else ():
-        if _known(name) and can_run(name, problem, gpu):
+        try:
             phase_name, tile_params, _ = configuration(name, gpu.cc)
+        except (KeyError, ValueError):   # a candidate this version no longer has
+            continue
+        if can_run(name, problem, gpu):
             return Choice(phase_name, tile_params,
                           f"the fastest recorded at the nearest grid case, {entry.case}, in the {table.source}", name)
     return fallback(gpu, problem)

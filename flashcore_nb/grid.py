@@ -95,11 +95,10 @@ def dispatched(case: shapes.Case) -> dict:
             "dispatch": timings, "dispatch_sm_clock_mhz": clock}
 
 
-def _prebuild(names: list[str], cc: int) -> None:
-    """Every candidate compiled in parallel, the launcher meanwhile (on a fresh machine, minutes saved)."""
+def _prebuild(builds: list[tuple[str, dict]], cc: int) -> None:
+    """Every candidate's (phase, tile parameters) compiled in parallel, the launcher meanwhile (on a fresh
+    machine, minutes saved)."""
     from . import build, launcher
-    from .dispatch import configuration
-    builds = [configuration(name, cc)[:2] for name in names]
     errors = [error for error in experiments.compile_in_parallel(builds, cc, meanwhile=launcher.launcher) if error]
     if errors:
         raise build.CompileError("\n".join(errors))
@@ -120,8 +119,8 @@ def record(progress=print) -> Path:
 
     gpu = env.gpu()
     names = candidates(gpu)
-    _prebuild(names, gpu.cc)
     configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
+    _prebuild(list(configurations.values()), gpu.cc)
     fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
     say(f"built {', '.join(names) or 'no candidate'}")
     rows = []

@@ -465,8 +465,8 @@ def test_the_grid_steps_on_one_case(cuda, monkeypatch):
     monkeypatch.setattr(grid, "ROUNDS", 1)
     gpu = env.gpu()
     names = dispatch.candidates(gpu)
-    fns = {name: flashcore_nb.load(phase, **params) for name in names
-           for phase, params, _ in [dispatch.configuration(name, gpu.cc)]}
+    configurations = {name: dispatch.configuration(name, gpu.cc)[:2] for name in names}
+    fns = {name: flashcore_nb.load(phase, **params) for name, (phase, params) in configurations.items()}
     row = grid.race(MISSION, fns, gpu)
     running = {name for name in names if dispatch.can_run(name, tuning.Problem.of_case(MISSION), gpu)}
     assert "p09_warpspec:64-key" not in running, "a configuration for D = 128 only"
