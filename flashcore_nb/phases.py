@@ -280,6 +280,9 @@ def _p09_refuses(params: dict) -> str | None:
     if not params["OVERLAP"] and 64 in (params["BLOCK_N"], params["BLOCK_N_D128"]):
         return ("OVERLAP=0 with 64-key tiles (BLOCK_N or BLOCK_N_D128 = 64) gives wrong results: a known "
                 "phase 9 bug, not fixed yet; use OVERLAP=1 or 128-key tiles")
+    # the kernel's static_assert, said before a compile
+    if params["SPECULATE"] and not params["OVERLAP"]:
+        return "SPECULATE=1 changes the overlapped step's softmax: set OVERLAP=1, or SPECULATE=0 with OVERLAP=0"
     return None
 
 
@@ -588,7 +591,7 @@ _REGISTRY = [
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
-                     "TRACE": 0},
+                     "SPECULATE": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -602,7 +605,9 @@ _REGISTRY = [
             # Chapter 9's ablation: each step of the schedule taken back, and the ring and tiles resized.
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
-            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0}, "ablation", "test", "sanitize"),
+            variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test"),
+            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0}, "ablation", "test",
+                    "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
             variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
             variant("a fixed round robin, rounds as a snake (no counter)", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0},
@@ -631,7 +636,7 @@ _REGISTRY = [
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
             variant("2 persistent CTAs, no overlap, 2 stages", {"PERSISTENT_CTAS": 2, "OVERLAP": 0, "PINGPONG": 0,
-                                                                "STAGES": 2}, "test", "sanitize"),
+                                                                "SPECULATE": 0, "STAGES": 2}, "test", "sanitize"),
             # the other shapes of the ring and the CTA
             variant("two consumers, 192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
                     {"CONSUMERS": 2, "Q_IN_SHARED": 0, "BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64,
@@ -641,7 +646,8 @@ _REGISTRY = [
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
-            variant("no ping-pong, no overlap (TRACE=1)", {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0}, "trace"),
+            variant("no ping-pong, no overlap (TRACE=1)", {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0},
+                    "trace"),
         ),
     ),
     Phase(

@@ -16,7 +16,11 @@ from .paths import ROOT
 from .shapes import Case
 
 CASES = [Case("s17", 1, 2, 17, 64), Case("s40_causal_d128", 1, 2, 40, 128, causal=True),
-         Case("sq_lt_sk", 1, 1, 9, 64, seqlen_k=33), Case("s150_causal", 1, 1, 150, 64, causal=True)]
+         Case("sq_lt_sk", 1, 1, 9, 64, seqlen_k=33), Case("s150_causal", 1, 1, 150, 64, causal=True),
+         Case("s300_d128_rising_keys", 1, 2, 300, 128)]
+# Keys scaled up along the sequence (x1 to x8): each key tile's scores rise well above the last one's, so the row
+# maxima move by more than 2^8 and phase 9's speculative softmax takes its exact path (the mma.sync recompute).
+RISING_KEYS = {"s300_d128_rising_keys"}
 TOLERANCE = 2e-3  # fp16 output of values of magnitude ~1
 
 # Chapter 6's recorded runs: the planted bug under memcheck, then the real kernel under each tool.
@@ -90,6 +94,8 @@ def main(targets: list[str]) -> int:
         for case in CASES:
             q, k, v = (torch.randn(*case.shape[:2], s, case.head_dim, dtype=torch.float16)
                        for s in (case.seqlen_q, case.sk, case.sk))
+            if case.name in RISING_KEYS:
+                k = (k.float() * torch.linspace(1, 8, case.sk)[:, None]).half()
             out = fn(q.cuda(), k.cuda(), v.cuda(), causal=case.causal).cpu()
             err = float((out.double() - attention_fp64(q, k, v, causal=case.causal)).abs().max())
             ok &= err <= TOLERANCE

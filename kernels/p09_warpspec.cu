@@ -31,6 +31,12 @@
 //              group has at most half as many heads as there are CTAs (each head's tiles then run two or
 //              more at a time) and at most as many as have their K and V in n MB (of the H100's 50 MB of
 //              L2). n = 0: all heads in one group;
+//   SPECULATE=1 (with OVERLAP) from a row's second key tile on, the softmax takes its exponentials against the
+//              row's running maximum at once, instead of first waiting for the tile's maximum (a max over the
+//              tile and two shuffles); the tile's maximum, found beside them, only checks the guess. Where a
+//              row's maximum rose by more than 2^8 (WarpgroupAttention's kSpeculationSlack) the warp computes its
+//              rows of the tile's scores again by mma.sync (K is still in its buffer) and takes the usual
+//              softmax; otherwise the running maximum stays and P reaches 2^8 at most;
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -114,6 +120,9 @@
 #ifndef DYNAMIC
 #define DYNAMIC 1
 #endif
+#ifndef SPECULATE
+#define SPECULATE 1
+#endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS -1
@@ -164,6 +173,42 @@ __device__ __forceinline__ void issue_scores_shared_q(WarpgroupAttention<T, kHea
   wgmma_commit();
 }
 
+// SPECULATE's rare path: this warp's 16 rows of S = Q·Kᵀ again, by mma.sync, warp by warp (so the warps of a
+// warpgroup need not agree to do it). Warp w's rows of a 64xN wgmma accumulator are the m16n8 tiles of
+// mma.sync side by side: n-tile 8j + c is s[j][4c..4c+3]. Q's fragments come from registers, or (kQInShared)
+// from Q's tile (`q_rows` rows, the warp's first at `q_first_row`); K's from its tile, as TMA wrote both.
+template <typename T, bool kQInShared, typename Rows>
+__device__ __forceinline__ void warp_scores(Rows& rows, const unsigned char* q_tile, int q_rows, int q_first_row,
+                                            const unsigned char* k_tile, int lane) {
+  constexpr int kBlockN = Rows::kKeyBlocks * 64;
+#pragma unroll
+  for (int j = 0; j < Rows::kKeyBlocks; ++j)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) rows.s[j][i] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < Rows::kKSteps; ++kk) {
+    uint32_t a[4];
+    if constexpr (kQInShared) {
+      ldmatrix_x4(a, smem_address(q_tile + swizzled_offset(q_rows, q_first_row + lane % 16, kk * 16 + lane / 16 * 8)));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = rows.q_frag[kk][i];
+    }
+#pragma unroll
+    for (int pair = 0; pair < kBlockN / 16; ++pair) {   // 16 keys: two n-tiles
+      uint32_t b[4];
+      const int key = pair * 16 + lane / 16 * 8 + lane % 8;
+      ldmatrix_x4(b, smem_address(k_tile + swizzled_offset(kBlockN, key, kk * 16 + lane / 8 % 2 * 8)));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int tile = 2 * pair + half;
+        const uint32_t b_half[2] = {b[2 * half], b[2 * half + 1]};
+        mma_16816<T>(*reinterpret_cast<float(*)[4]>(&rows.s[tile / 8][4 * (tile % 8)]), a, b_half);
+      }
+    }
+  }
+}
+
 template <int kHeadDim>
 struct Tiles {
   static constexpr int kConsumers = kHeadDim == 128 ? CONSUMERS_D128 : CONSUMERS;
@@ -196,6 +241,7 @@ struct Tiles {
   static_assert(kStages >= 2, "STAGES: the producer fills one buffer while the consumers read another");
   static_assert(!DYNAMIC || PERSISTENT, "DYNAMIC hands persistent CTAs their work items");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
+  static_assert(!SPECULATE || OVERLAP, "SPECULATE changes the overlapped step's softmax");
 };
 
 // The barriers of the copy ring, after the tiles in shared memory.
@@ -263,6 +309,9 @@ __device__ __forceinline__ int item_of_round(int round) {
 // in [0] and the CTAs done in [1]; the last CTA done sets both back to zero for the slot's next launch.
 constexpr int kCounterSlots = 64;
 __device__ unsigned int work_counters[kCounterSlots][2];
+// The launches so far, for the next slot: at namespace scope and static, so each build (one per set of -D
+// defines, several in one process) counts its own, as each has its own work_counters.
+static std::atomic<unsigned> launches_started{0};
 
 // DYNAMIC: this CTA has taken its last item (the counter ran past the end); the last CTA to get here resets
 // the slot. Every CTA bumped [0] for the last time before it bumps [1], so after the last bump of [1]
@@ -433,15 +482,19 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   auto scores_landed = [&](int tile) {
     rows.scores_landed();
     trace.stamp(kTraceScoresDone, items_done, tile);
+  };
+  // Q_IN_SHARED: the item's last Q·Kᵀ has landed, and (SPECULATE) will not be computed again.
+  const auto scores_done_with_q = [&](int tile) {
     if (Cfg::kQInShared && tile == my_tiles - 1) release_q();
   };
   auto output_landed = [&](int tile) {
     rows.output_landed();
     trace.stamp(kTraceValuesDone, items_done, tile);
   };
-  auto softmax = [&](int tile, float (&correction)[2]) {
+  auto softmax = [&](int tile, float (&correction)[2], auto speculate) {
     trace.stamp(kTraceSoftmaxBegin, items_done, tile);
-    rows.softmax(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
+    rows.template softmax<decltype(speculate)::value>(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale,
+                                                      correction);
     trace.stamp(kTraceSoftmaxEnd, items_done, tile);
   };
 
@@ -514,8 +567,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           hand_over_turn(step);
           wgmma_wait<0>();
           scores_landed(0);
+          scores_done_with_q(0);
           float correction[2];
-          softmax(0, correction);   // O is still zero: no rescale
+          softmax(0, correction, std::false_type{});   // O is still zero: no rescale
           rows.pack_probabilities();
         } else if (step < my_tiles) {
           wait_keys(step);
@@ -526,12 +580,24 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
           scores_landed(step);
           float correction[2];
-          softmax(step, correction);
+          const float sums[2] = {rows.row_sum[0], rows.row_sum[1]};
+          softmax(step, correction, std::bool_constant<SPECULATE>{});
           wgmma_wait<0>();
           output_landed(step - 1);
           release(step - 1);
           rows.rescale_output(correction);   // O now holds P·V up to tile step - 1
           rows.pack_probabilities();
+          // SPECULATE, rarely: a row's maximum rose too far; this warp's rows of the tile again, the usual way.
+          if (SPECULATE && __any_sync(0xffffffffu, rows.risen)) {
+            rows.row_sum[0] = sums[0];
+            rows.row_sum[1] = sums[1];
+            warp_scores<T, Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, consumer * 64 + warp * 16,
+                                             k_tiles + buffer(ring_base + step) * Cfg::kKvBytes, lane);
+            rows.softmax(step * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
+            rows.rescale_output(correction);
+            rows.pack_probabilities();
+          }
+          scores_done_with_q(step);
         } else if (step == my_tiles) {   // the last P·V
           wait_values(step - 1);
           issue_values(step - 1);
@@ -554,8 +620,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         issue_scores(tile);
         wgmma_wait<0>();
         scores_landed(tile);
+        scores_done_with_q(tile);
         float correction[2];
-        softmax(tile, correction);
+        softmax(tile, correction, std::false_type{});
         rows.rescale_output(correction);
         rows.pack_probabilities();
         wait_values(tile);
@@ -605,8 +672,8 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   // Persistent: one CTA per SM (each holds a whole SM's shared memory), walking the work items.
   const long long ctas = PERSISTENT ? std::min<long long>(work_items, PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms)
                                     : work_items;
-  static std::atomic<unsigned> launches{0};   // DYNAMIC: this launch's work counter slot
-  const int counter_slot = DYNAMIC ? static_cast<int>(launches.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
+  const int counter_slot =
+      DYNAMIC ? static_cast<int>(launches_started.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
   kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, counter_slot);
   return cudaGetLastError();
 }

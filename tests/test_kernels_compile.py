@@ -143,25 +143,16 @@ def _host_object(name: str, directory: Path) -> Path:
     return obj
 
 
-# The one shared symbol on purpose: phase 9's count of its launches, which only turns the slot of its work
-# counters (DYNAMIC) from one launch to the next. Each build keeps its own counters in its own module, so
-# builds that share the count still never share a counter.
-SHARED_BY_BUILDS = {"p09_warpspec": ("::launches",)}
-
-
 def test_launch_caches_are_local_symbols(tmp_path):
-    """Builds of one file with other -D defines load into one process. A cache with vague linkage becomes an
-    STB_GNU_UNIQUE symbol, shared by all of them (phase 7's lesson; common/launch.cuh): none may exist but
-    the ones SHARED_BY_BUILDS names."""
+    """Builds of one file with other -D defines load into one process. A cache or counter with vague linkage
+    becomes an STB_GNU_UNIQUE symbol, shared by all of them (phase 7's lesson; common/launch.cuh): none may
+    exist."""
     with ThreadPoolExecutor() as pool:
         objects = dict(zip(PHASES, pool.map(lambda name: _host_object(name, tmp_path), PHASES)))
     for name, obj in objects.items():
         symbols = subprocess.run(["readelf", "-sW", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
         shared = [line for line in symbols.splitlines() if " UNIQUE " in line]
-        allowed = [line for line in shared if any(line.endswith(s) for s in SHARED_BY_BUILDS.get(name, ()))]
-        assert shared == allowed, f"{name}: " + "\n".join(sorted(set(shared) - set(allowed)))
-        for suffix in SHARED_BY_BUILDS.get(name, ()):   # named there only while it exists
-            assert any(line.endswith(suffix) for line in shared), f"{name}: no {suffix} left; drop it from SHARED_BY_BUILDS"
+        assert not shared, f"{name}: " + "\n".join(sorted(set(shared)))
     symbols = subprocess.run(["readelf", "-sW", "-C", str(objects["p07_registers"])], capture_output=True, text=True,
                              check=True).stdout
     caches = [line for line in symbols.splitlines() if "per_device_cache<" in line]

@@ -154,7 +154,8 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     with pytest.raises(ValueError, match="OVERLAP=0 with 64-key tiles .* known phase 9 bug"):
         build.build_extension("p09_warpspec", 90, wrong)
     assert not any(tmp_path.iterdir())
-    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0}) is None
+    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0}) is None
+    assert "SPECULATE=1 changes the overlapped step" in p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0})
     assert p09.refuses({**p09.tile_params, "BLOCK_N": 64, "BLOCK_N_D128": 64}) is None
     for phase in PHASES.values():
         for v in phase.variants:

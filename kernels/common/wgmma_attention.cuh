@@ -21,6 +21,10 @@
 // A row's maximum moves only when a tile's exceeds it by more than 2^kRescaleSlack (0: always exact); the
 // row sums add P as rounded to 16 bits (the values P·V multiplies) rather than in fp32; exp2 in double
 // precision instead of MUFU.EX2's approximation (a slow diagnostic).
+// kSpeculationSlack: softmax<true> (phase 9's SPECULATE) keeps a row's running maximum while a tile's rises above
+// it by at most this much (log2 units): P is then at most 2^8, which fp16 holds as exactly as P <= 1.
+constexpr float kSpeculationSlack = 8.f;
+
 template <typename T, int kHeadDim, int kBlockN, int kRescaleSlack = 0, bool kSumRoundedP = false,
           bool kExactExp = false>
 struct WarpgroupAttention {
@@ -34,6 +38,7 @@ struct WarpgroupAttention {
   float s[kKeyBlocks][32];       // S of the newest tile, then its P in place
   uint32_t p_frag[kPSteps][4];   // P of the tile waiting for its P·V, as A fragments
   float row_max[2], row_sum[2];  // rows g and g + 8, log2 units; the sum is this lane's part
+  bool risen;                    // softmax<true>: a row's maximum rose more than kSpeculationSlack
 
   // O = 0 and no row seen yet: the start of a query tile.
   __device__ __forceinline__ void reset() {
@@ -103,6 +108,11 @@ struct WarpgroupAttention {
   // past the keys or, causal, across the diagonal of the warpgroup's rows from `group_row`; this lane's
   // rows are `warp_row` and warp_row + 8), the new row maxima, P = exp2(S · score_scale - max) in place.
   // `correction` gets the factor O must be multiplied by (per row), once O's running P·V is done.
+  // kSpeculate (phase 9's SPECULATE; every row's running maximum finite): P against the running maxima at once,
+  // the tile's maximum found beside the exponentials rather than before them, only to check the guess; the
+  // maxima stay, `correction` is 1, and `risen` says whether one of this lane's rows rose by more than
+  // kSpeculationSlack (its P is then wrong: the caller computes the tile again).
+  template <bool kSpeculate = false>
   __device__ __forceinline__ void softmax(int first_key, const FlashParams& params, int group_row, int warp_row,
                                           int t, float score_scale, float (&correction)[2]) {
     const auto exp2_ = [](float x) { return kExactExp ? static_cast<float>(exp2(static_cast<double>(x))) : fast_exp2(x); };
@@ -114,6 +124,34 @@ struct WarpgroupAttention {
           const int key = first_key + j * 64 + i / 4 * 8 + 2 * t + i % 2;
           if (key >= params.seqlen_k || (params.causal && key > warp_row + i % 4 / 2 * 8)) s[j][i] = -INFINITY;
         }
+    }
+    if constexpr (kSpeculate) {
+      risen = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float old_max = row_max[h];
+        // the maximum first in the source, in four chains: ptxas then reads each score for it before the
+        // exponential overwrites it, rather than keeping copies of the scores
+        float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+          for (int c = 0; c < 8; ++c) m[c % 4] = fmaxf(m[c % 4], fmaxf(s[j][4 * c + 2 * h], s[j][4 * c + 2 * h + 1]));
+#pragma unroll
+        for (int j = 0; j < kKeyBlocks; ++j)
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s[j][4 * c + 2 * h + e];
+              x = exp2_(x * score_scale - old_max);
+              row_sum[h] += x;
+            }
+        const float tile_max = quad_max(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]))) * score_scale;
+        risen |= tile_max > old_max + kSpeculationSlack;
+        correction[h] = 1.f;
+      }
+      return;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {   // rows g (h = 0) and g + 8 (h = 1): a row's values are in one quad
