@@ -4,7 +4,7 @@
     o = flashcore_nb.attention(q, k, v, phase="p07_registers")     # one phase, forced
 
 As SDPA picks a backend for each call, `attention` picks a candidate: a phase with its default tiles for this
-GPU ("p09_warpspec"), or one of the tile configurations a phase offers beside them ("p09_warpspec:128-row",
+GPU ("p09_warpspec"), or one of the tile configurations a phase offers beside them ("p09_warpspec:192-row",
 phases.Variant.candidate):
 - with a tuning table for this GPU (tuning.py: the grid recorded on it, or on a GPU of the same compute
   capability), the fastest candidate recorded at the nearest grid case that can run the problem;
@@ -43,7 +43,7 @@ class Choice:
 
 def configuration(candidate: str, cc: int) -> tuple[str, dict, tuple[int, ...]]:
     """A candidate's phase, its tile parameters on a GPU of compute capability `cc`, and the head dims it is for:
-    "p09_warpspec" is the phase with its defaults, "p09_warpspec:128-row" the variant of that candidate name.
+    "p09_warpspec" is the phase with its defaults, "p09_warpspec:192-row" the variant of that candidate name.
     An unknown phase raises KeyError, an unknown configuration ValueError."""
     phase_name, _, config = candidate.partition(":")
     phase = get(phase_name)

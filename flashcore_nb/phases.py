@@ -260,11 +260,12 @@ def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
 def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
-    # them (128B-swizzled, not padded), then the mbarriers (Q full and empty; K full, V full and empty
-    # per stage) and the slot where DYNAMIC hands the consumers their work item. The kernel asks for 1 KB
+    # them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums' P·ones), then
+    # the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot where DYNAMIC hands the consumers their work item. The kernel asks for 1 KB
     # more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
+            *([Buffer("ones for the row sums, P·ones (SPECULATE)", 8, 64, 2)] if params["SPECULATE"] else []),
             Buffer("mbarriers and the work item", 3 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
 
@@ -580,17 +581,19 @@ _REGISTRY = [
         aligned_16b=True,         # TMA: 16-byte aligned bases and strides
         # D = 64 keeps three stages of 128-key tiles. D = 128 was sized at two stages (160 KB) from the
         # budget; its ablation then measured a third (225 KB) 12% faster at 2x16x4096x128, the default now.
-        # D = 64: three consumer warpgroups reading Q from shared memory (192 query rows per CTA), measured
-        # faster at every large D = 64 shape than two with Q in registers (the first defaults, an ablation
-        # row now) and slower at the mission shape, which is phase 10's. D = 128: two, Q in registers.
+        # D = 64: two consumer warpgroups, Q in registers (128 query rows per CTA), the first defaults. Three
+        # reading Q from shared memory (192 rows) were then measured faster at every large D = 64 shape and
+        # became the defaults; with the speculative softmax (SPECULATE) two are faster again (0.92-0.95x the
+        # GPU time of three at 4x16x2048x64, causal or not, and 1x16x8192x64), so they are back, and three a
+        # candidate of `attention`. D = 128: two, Q in registers.
         # The work order: a counter hands out the items (DYNAMIC), causal heads in groups (CAUSAL_GROUP_MB) that
         # keep K and V in L2 where all heads' would overflow it (16 x 16 x 2048 x 128 causal: 0.61x SDPA default's
         # speed before, the grid's worst; 0.92x with them).
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
-        tile_params={"CONSUMERS": 3, "BLOCK_N": 128, "STAGES": 3,
+        tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
-                     "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
+                     "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
                      "SPECULATE": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
@@ -605,7 +608,7 @@ _REGISTRY = [
             # Chapter 9's ablation: each step of the schedule taken back, and the ring and tiles resized.
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
-            variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test"),
+            variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0}, "ablation", "test",
                     "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
@@ -623,12 +626,11 @@ _REGISTRY = [
                     candidate="64-key", head_dims=(128,)),
             # The CTA's shape at D = 64. A consumer gets 240 registers beside one other, 160 beside two: with
             # Q in registers three consumers spill on 128-key tiles (80 bytes) but not on 64-key ones.
-            # Also a candidate of `attention`: 128-row work items fill the last wave better than 192-row ones on
-            # problems of a wave or two (1 x 16 x 2048 x 64: 176 items of 192 rows on 132 SMs, 256 of 128).
-            variant("two consumers, Q in registers (D=64)", {"CONSUMERS": 2, "Q_IN_SHARED": 0}, "ablation", "test",
-                    "sanitize", candidate="128-row", head_dims=(64,)),
-            variant("two consumers, Q from shared memory (D=64)", {"CONSUMERS": 2}, "ablation"),
-            variant("three consumers, Q in registers, 64-key tiles (D=64)", {"Q_IN_SHARED": 0, "BLOCK_N": 64},
+            # Three reading Q from shared memory (192-row work items) are also a candidate of `attention`.
+            variant("three consumers, Q from shared memory (D=64)", {"CONSUMERS": 3, "Q_IN_SHARED": 1}, "ablation",
+                    "test", "sanitize", candidate="192-row", head_dims=(64,)),
+            variant("two consumers, Q from shared memory (D=64)", {"Q_IN_SHARED": 1}, "ablation"),
+            variant("three consumers, Q in registers, 64-key tiles (D=64)", {"CONSUMERS": 3, "BLOCK_N": 64},
                     "ablation", "test"),
             variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's

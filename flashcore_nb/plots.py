@@ -684,7 +684,7 @@ def method_colors(names) -> dict[str, str]:
 
 
 def _short(method: str) -> str:
-    """'p07_registers' -> 'p07', 'p09_warpspec:128-row' -> 'p09:128-row', 'sdpa_cudnn' -> 'cudnn'."""
+    """'p07_registers' -> 'p07', 'p09_warpspec:192-row' -> 'p09:192-row', 'sdpa_cudnn' -> 'cudnn'."""
     if method.startswith("sdpa_"):
         return method.removeprefix("sdpa_")
     phase, _, configuration = method.partition(":")

@@ -36,7 +36,9 @@
 //              tile and two shuffles); the tile's maximum, found beside them, only checks the guess. Where a
 //              row's maximum rose by more than 2^8 (WarpgroupAttention's kSpeculationSlack) the warp computes its
 //              rows of the tile's scores again by mma.sync (K is still in its buffer) and takes the usual
-//              softmax; otherwise the running maximum stays and P reaches 2^8 at most;
+//              softmax; otherwise the running maximum stays and P reaches 2^8 at most. The row sums are then
+//              P·ones on the tensor cores, beside each P·V (P as rounded to 16 bits in both: the only change to
+//              the result, a rounding one);
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -74,7 +76,7 @@
 #endif
 
 #ifndef CONSUMERS
-#define CONSUMERS 3
+#define CONSUMERS 2
 #endif
 #ifndef BLOCK_N
 #define BLOCK_N 128
@@ -106,7 +108,7 @@
 // Q·Kᵀ instead of once Q is in registers. On by default at D = 64, where it makes three consumers fit; off at
 // D = 128 (Q_IN_SHARED_D128), where two consumers read Q faster from registers.
 #ifndef Q_IN_SHARED
-#define Q_IN_SHARED 1
+#define Q_IN_SHARED 0
 #endif
 #ifndef Q_IN_SHARED_D128
 #define Q_IN_SHARED_D128 0
@@ -154,10 +156,9 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_de
 #undef P09_WGMMA_M64N64K16_SS
 #undef P09_D8
 
-template <typename T, int kHeadDim, int kBlockN>
-__device__ __forceinline__ void issue_scores_shared_q(WarpgroupAttention<T, kHeadDim, kBlockN>& rows, uint32_t q_base,
-                                                      int q_rows, uint32_t k_base) {
-  using Rows = WarpgroupAttention<T, kHeadDim, kBlockN>;
+template <typename Rows>
+__device__ __forceinline__ void issue_scores_shared_q(Rows& rows, uint32_t q_base, int q_rows, uint32_t k_base) {
+  constexpr int kBlockN = Rows::kKeyBlocks * 64;
 #pragma unroll
   for (int j = 0; j < Rows::kKeyBlocks; ++j) fence_accumulators(rows.s[j]);
   wgmma_fence();
@@ -167,7 +168,7 @@ __device__ __forceinline__ void issue_scores_shared_q(WarpgroupAttention<T, kHea
     for (int j = 0; j < Rows::kKeyBlocks; ++j) {
       const uint32_t q_address = q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32;
       const uint32_t k_address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-      wgmma_m64n64k16_ss<T>(rows.s[j], smem_descriptor_128b(q_address, 16), smem_descriptor_128b(k_address, 16),
+      wgmma_m64n64k16_ss<typename Rows::Element>(rows.s[j], smem_descriptor_128b(q_address, 16), smem_descriptor_128b(k_address, 16),
                             kk > 0);
     }
   wgmma_commit();
@@ -231,8 +232,10 @@ struct Tiles {
   // 128-byte rows (TMA writes one box per 64 columns); the mbarriers after them.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kOnesBytes = SPECULATE ? 1024 : 0;     // the ones of the row sums' P·ones (one swizzle atom)
   static constexpr int kBarrierBytes = 8 * (3 + 3 * kStages);   // the barriers and the item
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + 1024;   // + room to align
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kBarrierBytes + 1024;   // + room to align
 
   static_assert(kConsumers == 2 || kConsumers == 3,
                 "CONSUMERS(_D128) must be 2 or 3 (64 query rows each; the register split assumes 3 or 4 warpgroups)");
@@ -337,7 +340,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   unsigned char* const q_tile = smem;
   unsigned char* const k_tiles = smem + Cfg::kQBytes;
   unsigned char* const v_tiles = k_tiles + kStages * Cfg::kKvBytes;
-  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(v_tiles + kStages * Cfg::kKvBytes);
+  unsigned char* const ones = v_tiles + kStages * Cfg::kKvBytes;   // SPECULATE: 16-bit ones, B of P·ones
+  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(ones + Cfg::kOnesBytes);
 
   // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
   // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
@@ -359,6 +363,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       mbarrier_init(&bars.empty[s], kConsumerWarps);
     }
     fence_mbarrier_init();
+  }
+  if constexpr (SPECULATE) {
+    for (int i = threadIdx.x; i < Cfg::kOnesBytes / 4; i += blockDim.x)
+      reinterpret_cast<uint32_t*>(ones)[i] = pack2<T>(1.f, 1.f);
+    fence_proxy_async();   // these writes come before the wgmmas that read them
   }
   __syncthreads();
 
@@ -426,6 +435,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
+  const uint64_t ones_descriptor = smem_descriptor_128b(smem_address(ones), 16);   // SPECULATE only
 
   // TRACE=1 only: lane 0 of warp 0 of each consumer warpgroup records.
   TraceRecorder trace(warpgroup, threadIdx.x % 128 == 0);
@@ -433,7 +443,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
 
   // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
-  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN> rows;   // its registers, math
+  // its registers, math (SPECULATE: the row sums as P·ones)
+  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE> rows;
 
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
   // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
@@ -476,7 +487,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   };
   auto issue_values = [&](int tile) {
     trace.stamp(kTraceValuesIssue, items_done, tile);
-    rows.issue_values(smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes));
+    rows.issue_values(smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes), ones_descriptor);
   };
   // After the wgmma_wait that covers them: the stamp is when the warpgroup saw them done.
   auto scores_landed = [&](int tile) {
@@ -580,7 +591,6 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
           scores_landed(step);
           float correction[2];
-          const float sums[2] = {rows.row_sum[0], rows.row_sum[1]};
           softmax(step, correction, std::bool_constant<SPECULATE>{});
           wgmma_wait<0>();
           output_landed(step - 1);
@@ -589,8 +599,6 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           rows.pack_probabilities();
           // SPECULATE, rarely: a row's maximum rose too far; this warp's rows of the tile again, the usual way.
           if (SPECULATE && __any_sync(0xffffffffu, rows.risen)) {
-            rows.row_sum[0] = sums[0];
-            rows.row_sum[1] = sums[1];
             warp_scores<T, Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, consumer * 64 + warp * 16,
                                              k_tiles + buffer(ring_base + step) * Cfg::kKvBytes, lane);
             rows.softmax(step * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);

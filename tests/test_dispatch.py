@@ -134,29 +134,29 @@ def test_nominal_phase_explains_refusals():
 def test_candidates_are_the_dispatch_phases_that_run_here_each_with_its_configurations():
     assert dispatch.candidates(H100) == [name for n, p in PHASES.items() if p.dispatch
                                          for name in (n, *(f"{n}:{v.candidate}" for v in p.candidate_variants))]
-    assert "p09_warpspec:128-row" in dispatch.candidates(H100)
+    assert "p09_warpspec:192-row" in dispatch.candidates(H100)
     assert dispatch.candidates(T4) == []
     assert not [name for name in dispatch.candidates(A100) if name.startswith(("p08_wgmma", "p09_warpspec"))]
 
 
 def test_a_configuration_is_its_phase_built_with_its_defines_for_its_head_dims():
-    phase, params, head_dims = dispatch.configuration("p09_warpspec:128-row", 90)
+    phase, params, head_dims = dispatch.configuration("p09_warpspec:192-row", 90)
     assert phase == "p09_warpspec" and head_dims == (64,)
-    assert params == {**PHASES["p09_warpspec"].tile_params_for(90), "CONSUMERS": 2, "Q_IN_SHARED": 0}
+    assert params == {**PHASES["p09_warpspec"].tile_params_for(90), "CONSUMERS": 3, "Q_IN_SHARED": 1}
     assert dispatch.configuration("p09_warpspec", 90) == ("p09_warpspec", PHASES["p09_warpspec"].tile_params_for(90),
                                                           PHASES["p09_warpspec"].head_dims)
-    with pytest.raises(ValueError, match="no tile configuration 'huge'.*128-row"):
+    with pytest.raises(ValueError, match="no tile configuration 'huge'.*192-row"):
         dispatch.configuration("p09_warpspec:huge", 90)
     with pytest.raises(KeyError, match="unknown phase"):
         dispatch.configuration("p42_gone", 90)
 
 
 def test_a_configuration_runs_only_at_the_head_dims_its_defines_change():
-    assert dispatch.can_run("p09_warpspec:128-row", problem(1, 16, 2048), H100)
-    assert not dispatch.can_run("p09_warpspec:128-row", problem(1, 16, 2048, d=128), H100)
+    assert dispatch.can_run("p09_warpspec:192-row", problem(1, 16, 2048), H100)
+    assert not dispatch.can_run("p09_warpspec:192-row", problem(1, 16, 2048, d=128), H100)
     assert dispatch.can_run("p09_warpspec:64-key", problem(1, 16, 512, d=128), H100)
     assert not dispatch.can_run("p09_warpspec:64-key", problem(1, 16, 512), H100)
-    assert not dispatch.can_run("p09_warpspec:128-row", problem(1, 16, 2048), A100)   # sm_90a only, as its phase
+    assert not dispatch.can_run("p09_warpspec:192-row", problem(1, 16, 2048), A100)   # sm_90a only, as its phase
 
 
 # --- the choice from a table ---------------------------------------------------------------------------
@@ -174,13 +174,13 @@ def test_the_table_ranking_is_followed_down_to_a_phase_that_runs():
 
 def test_a_ranked_configuration_is_chosen_with_its_tile_parameters():
     table = tuning.Table("NVIDIA H100 80GB HBM3", 90, "synthetic table",
-                         _entries(ranking=("p09_warpspec:gone", "p09_warpspec:128-row", "p09_warpspec")))
+                         _entries(ranking=("p09_warpspec:gone", "p09_warpspec:192-row", "p09_warpspec")))
     choice = dispatch.choose(H100, problem(1, 16, 2048), table)
-    assert (choice.candidate, choice.phase) == ("p09_warpspec:128-row", "p09_warpspec")
-    assert choice.tile_params == dispatch.configuration("p09_warpspec:128-row", 90)[1]
+    assert (choice.candidate, choice.phase) == ("p09_warpspec:192-row", "p09_warpspec")
+    assert choice.tile_params == dispatch.configuration("p09_warpspec:192-row", 90)[1]
     at_d128 = dispatch.choose(H100, problem(1, 16, 2048, d=128), table)   # the configuration is for D = 64 only
     assert (at_d128.candidate, at_d128.tile_params) == ("p09_warpspec", PHASES["p09_warpspec"].tile_params_for(90))
-    forced = dispatch._choice(H100, (1, 16, 2048, 64), (1, 16, 2048, 64), "float16", False, "p09_warpspec:128-row")
+    forced = dispatch._choice(H100, (1, 16, 2048, 64), (1, 16, 2048, 64), "float16", False, "p09_warpspec:192-row")
     assert (forced.candidate, forced.tile_params, forced.reason) == (choice.candidate, choice.tile_params,
                                                                      "forced by the caller")
 

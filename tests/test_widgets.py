@@ -141,15 +141,16 @@ def test_p08_launches_one_cta_per_two_warpgroups_of_query_rows(case, items):
     assert row["waves"] == pytest.approx(items / (2 * 132))
 
 
-@pytest.mark.parametrize("case, items", [(shapes.MISSION, 24), (BIG, 704)])
+@pytest.mark.parametrize("case, items", [(shapes.MISSION, 32), (BIG, 1024)])
 def test_p09_walks_its_work_items_with_one_cta_per_sm(case, items):
     row = _h100("p09_warpspec", case)
-    assert row["threads"] == 4 * 128      # a producer warpgroup and CONSUMERS = 3 (D = 64)
-    # Q 192 rows, a ring of 3 x 128 keys for K and V, 2 + 3 x 3 mbarriers and the work item's slot, 1 KB slack
-    assert row["smem KB"] == pytest.approx(((192 + 2 * 3 * 128) * 128 + 12 * 8 + 1024) / 1024)
-    assert row["registers"] == 128 and row["CTAs/SM"] == 1 and row["limiter"] == "registers"
+    assert row["threads"] == 3 * 128      # a producer warpgroup and CONSUMERS = 2 (D = 64)
+    # Q 128 rows, a ring of 3 x 128 keys for K and V, 128 B per row; the ones of the row sums (1 KB, SPECULATE);
+    # 2 + 3 x 3 mbarriers and the work item's slot; 1 KB slack
+    assert row["smem KB"] == pytest.approx(((128 + 2 * 3 * 128) * 128 + 1024 + 12 * 8 + 1024) / 1024)
+    assert row["registers"] == 168 and row["CTAs/SM"] == 1 and row["limiter"] == "registers"
     # work items: query tiles of CONSUMERS x 64 rows; CTAs: one per SM, never more than the items
-    assert row[f"work items ({case.name})"] == -(-case.seqlen_q // 192) * case.heads * case.batch == items
+    assert row[f"work items ({case.name})"] == -(-case.seqlen_q // 128) * case.heads * case.batch == items
     assert row[f"CTAs ({case.name})"] == min(items, 132)
     assert row["waves"] == pytest.approx(items / 132)
 
@@ -216,9 +217,9 @@ def test_a_fixed_persistent_grid_launches_that_many_ctas():
     h100 = budget.GPUS["H100"]
     grid = budget.grid("p09_warpspec", BIG, {"PERSISTENT_CTAS": 3}, h100)
     occ = budget.occupancy(h100, 384, 168, 115800)
-    items = -(-BIG.seqlen_q // 192) * BIG.heads * BIG.batch   # 192-row query tiles (three consumers)
+    items = -(-BIG.seqlen_q // 128) * BIG.heads * BIG.batch   # 128-row query tiles (two consumers)
     assert grid.ctas(h100, occ) == 3 and grid.waves(h100, occ) == pytest.approx(items / 3)
-    assert budget.grid("p09_warpspec", BIG, {"PERSISTENT": 0}, h100).ctas(h100, occ) == items == 704
+    assert budget.grid("p09_warpspec", BIG, {"PERSISTENT": 0}, h100).ctas(h100, occ) == items == 1024
 
 
 def test_the_general_calculator_gives_chapter_5s_numbers():

@@ -82,3 +82,22 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
 }
 #undef FC_WGMMA_M64N64K16_RS
 #undef FC_WGMMA_D8
+
+#define FC_WGMMA_M64N8K16_RS(TYPE)                                                                     \
+  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %9, 0;\n"                          \
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32." TYPE "." TYPE                               \
+               " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, accumulate, 1, 1, 0;\n}\n"                     \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(1))
+
+// D (64x8) += A (64x16, registers) · B (16x8, shared memory, K-major), fp32 accumulate.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t b_descriptor) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
+  if constexpr (std::is_same_v<T, __half>) {
+    FC_WGMMA_M64N8K16_RS("f16");
+  } else {
+    FC_WGMMA_M64N8K16_RS("bf16");
+  }
+}
+#undef FC_WGMMA_M64N8K16_RS

@@ -21,13 +21,18 @@
 // A row's maximum moves only when a tile's exceeds it by more than 2^kRescaleSlack (0: always exact); the
 // row sums add P as rounded to 16 bits (the values P·V multiplies) rather than in fp32; exp2 in double
 // precision instead of MUFU.EX2's approximation (a slow diagnostic).
-// kSpeculationSlack: softmax<true> (phase 9's SPECULATE) keeps a row's running maximum while a tile's rises above
-// it by at most this much (log2 units): P is then at most 2^8, which fp16 holds as exactly as P <= 1.
+// kTensorCoreSums (phase 9's SPECULATE): the row sums are P·ones, issued with each P·V (issue_values' `ones`)
+// and rescaled with O, not adds in the softmax: they then sum P exactly as P·V multiplies it (rounded to 16
+// bits). That matters once a row's largest P is not 1 (softmax<true>), as 16 bits round it: summed in fp32
+// before the rounding, that weight would count differently in O and in its sum, up to twice SDPA's error.
+// kSpeculationSlack: softmax<true> keeps a row's running maximum while a tile's rises above it by at most this
+// much (log2 units): P is then at most 2^8, well inside fp16's and bf16's range.
 constexpr float kSpeculationSlack = 8.f;
 
 template <typename T, int kHeadDim, int kBlockN, int kRescaleSlack = 0, bool kSumRoundedP = false,
-          bool kExactExp = false>
+          bool kExactExp = false, bool kTensorCoreSums = false>
 struct WarpgroupAttention {
+  using Element = T;
   static constexpr int kKSteps = kHeadDim / 16;    // k16 slices of Q·Kᵀ
   static constexpr int kKeyBlocks = kBlockN / 64;  // 64-key wgmmas per slice of Q·Kᵀ
   static constexpr int kPSteps = kBlockN / 16;     // k16 slices of P·V
@@ -38,6 +43,7 @@ struct WarpgroupAttention {
   float s[kKeyBlocks][32];       // S of the newest tile, then its P in place
   uint32_t p_frag[kPSteps][4];   // P of the tile waiting for its P·V, as A fragments
   float row_max[2], row_sum[2];  // rows g and g + 8, log2 units; the sum is this lane's part
+  float sum_acc[4];              // kTensorCoreSums: P·ones, a 64x8 accumulator; row g's sum in [0], g + 8's in [2]
   bool risen;                    // softmax<true>: a row's maximum rose more than kSpeculationSlack
 
   // O = 0 and no row seen yet: the start of a query tile.
@@ -51,6 +57,8 @@ struct WarpgroupAttention {
       row_max[h] = -INFINITY;
       row_sum[h] = 0.f;
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum_acc[i] = 0.f;
   }
 
   // This warp's rows of Q from a swizzled tile of `rows` rows in which the warpgroup's rows start at
@@ -79,18 +87,22 @@ struct WarpgroupAttention {
   }
 
   // O += P·V for the V tile at shared address `v_base`: for each k16 slice of the keys, one wgmma per
-  // 64 columns of D.
-  __device__ __forceinline__ void issue_values(uint32_t v_base) {
+  // 64 columns of D; kTensorCoreSums: and the row sums += P·ones, `ones` the descriptor of a 16x8 (K-major)
+  // block of ones in shared memory.
+  __device__ __forceinline__ void issue_values(uint32_t v_base, uint64_t ones = 0) {
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    if constexpr (kTensorCoreSums) fence_accumulators(sum_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
+    for (int kk = 0; kk < kPSteps; ++kk) {
 #pragma unroll
       for (int j = 0; j < kDBlocks; ++j) {
         const uint32_t address = v_base + j * kBlockN * 128 + kk * 16 * 128;
         wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, kBlockN * 128), 1);
       }
+      if constexpr (kTensorCoreSums) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
+    }
     wgmma_commit();
   }
 
@@ -102,6 +114,7 @@ struct WarpgroupAttention {
   __device__ __forceinline__ void output_landed() {
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
+    if constexpr (kTensorCoreSums) fence_accumulators(sum_acc);
   }
 
   // Online softmax of the tile in s, whose first key is `first_key`: masks (only on a tile that reaches
@@ -126,6 +139,7 @@ struct WarpgroupAttention {
         }
     }
     if constexpr (kSpeculate) {
+      static_assert(kTensorCoreSums, "softmax<true> leaves the row sums to P·ones");
       risen = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -145,7 +159,6 @@ struct WarpgroupAttention {
             for (int e = 0; e < 2; ++e) {
               float& x = s[j][4 * c + 2 * h + e];
               x = exp2_(x * score_scale - old_max);
-              row_sum[h] += x;
             }
         const float tile_max = quad_max(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]))) * score_scale;
         risen |= tile_max > old_max + kSpeculationSlack;
@@ -166,7 +179,7 @@ struct WarpgroupAttention {
       const float base = new_max == -INFINITY ? 0.f : new_max;   // a row with no visible key so far
       correction[h] = exp2_(old_max - base);
       row_max[h] = new_max;
-      row_sum[h] *= correction[h];
+      if constexpr (!kTensorCoreSums) row_sum[h] *= correction[h];
 #pragma unroll
       for (int j = 0; j < kKeyBlocks; ++j)
 #pragma unroll
@@ -175,7 +188,7 @@ struct WarpgroupAttention {
           for (int e = 0; e < 2; ++e) {
             float& x = s[j][4 * c + 2 * h + e];
             x = exp2_(x * score_scale - base);
-            row_sum[h] += kSumRoundedP ? to_float(from_float<T>(x)) : x;
+            if constexpr (!kTensorCoreSums) row_sum[h] += kSumRoundedP ? to_float(from_float<T>(x)) : x;
           }
     }
   }
@@ -184,6 +197,10 @@ struct WarpgroupAttention {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (correction[h] == 1.f) continue;   // the usual case once the maxima settle
+      if constexpr (kTensorCoreSums) {
+        sum_acc[2 * h] *= correction[h];
+        sum_acc[2 * h + 1] *= correction[h];
+      }
 #pragma unroll
       for (int j = 0; j < kDBlocks; ++j)
 #pragma unroll
@@ -211,7 +228,8 @@ struct WarpgroupAttention {
   __device__ __forceinline__ void store_output(const FlashParams& params, int batch, int head, int warp_row, int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
+      // (quad_sum: every lane joins the shuffle)
+      const float inv_sum = 1.f / (kTensorCoreSums ? sum_acc[2 * h] : quad_sum(row_sum[h]));
       const int row = warp_row + h * 8;
       if (row >= params.seqlen_q) continue;
       T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
