@@ -594,7 +594,7 @@ _REGISTRY = [
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
-                     "SPECULATE": 1, "TRACE": 0},
+                     "SPECULATE": 1, "WIDE_WGMMA": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -609,6 +609,7 @@ _REGISTRY = [
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test", "sanitize"),
+            variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0}, "ablation", "test",
                     "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
@@ -633,6 +634,9 @@ _REGISTRY = [
             variant("three consumers, Q in registers, 64-key tiles (D=64)", {"CONSUMERS": 3, "BLOCK_N": 64},
                     "ablation", "test"),
             variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
+            # Three consumers fit D = 128 only on 64-key tiles with Q in shared memory (160 registers each).
+            variant("three consumers, 64-key tiles, Q from shared memory (D=128)",
+                    {"CONSUMERS_D128": 3, "BLOCK_N_D128": 64, "STAGES_D128": 4, "Q_IN_SHARED_D128": 1}, "ablation"),
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
@@ -643,8 +647,8 @@ _REGISTRY = [
             variant("two consumers, 192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
                     {"CONSUMERS": 2, "Q_IN_SHARED": 0, "BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64,
                      "STAGES_D128": 4}, "test", "sanitize"),
-            # (three at D = 128 spill: 160 registers do not hold Q, O and S there; without OVERLAP, 64-key
-            # tiles are refused: _p09_refuses)
+            # (three at D = 128 spill on 128-key tiles: 160 registers do not hold Q or S, O and P there; without
+            # OVERLAP, 64-key tiles are refused: _p09_refuses)
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),

@@ -39,6 +39,10 @@
 //              softmax; otherwise the running maximum stays and P reaches 2^8 at most. The row sums are then
 //              P·ones on the tensor cores, beside each P·V (P as rounded to 16 bits in both: the only change to
 //              the result, a rounding one);
+//   WIDE_WGMMA=1 one wgmma per 16-wide slice of the reduction, as wide as the tile: N = BLOCK_N keys for Q·Kᵀ and
+//              N = D columns for P·V, where phase 8 issues one per 64 (two per slice at 128 keys or D = 128). A
+//              wider wgmma reads its A operand (Q or P) once for all N columns, and the step issues half the
+//              instructions; the accumulators are laid out the same either way;
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -125,6 +129,9 @@
 #ifndef SPECULATE
 #define SPECULATE 1
 #endif
+#ifndef WIDE_WGMMA
+#define WIDE_WGMMA 1
+#endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS -1
@@ -132,30 +139,6 @@
 
 // S = Q·Kᵀ with both operands in shared memory (Q_IN_SHARED): Q's tile as TMA wrote it (`q_rows` rows per
 // 64-column box, this warpgroup's 64 rows from `q_base`), K's as issue_scores reads it. K-major A and B.
-#define P09_D8(i)                                                                                   \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),        \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define P09_WGMMA_M64N64K16_SS(TYPE)                                                                  \
-  asm volatile(                                                                                       \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE "\n"                                \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"                                \
-      "%32, %33, accumulate, 1, 1, 0, 0;\n}\n"                                                       \
-      : P09_D8(0), P09_D8(8), P09_D8(16), P09_D8(24)                                                  \
-      : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate))
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor,
-                                                   int accumulate) {
-  if constexpr (std::is_same_v<T, __half>) {
-    P09_WGMMA_M64N64K16_SS("f16");
-  } else {
-    P09_WGMMA_M64N64K16_SS("bf16");
-  }
-}
-#undef P09_WGMMA_M64N64K16_SS
-#undef P09_D8
-
 template <typename Rows>
 __device__ __forceinline__ void issue_scores_shared_q(Rows& rows, uint32_t q_base, int q_rows, uint32_t k_base) {
   constexpr int kBlockN = Rows::kKeyBlocks * 64;
@@ -163,14 +146,19 @@ __device__ __forceinline__ void issue_scores_shared_q(Rows& rows, uint32_t q_bas
   for (int j = 0; j < Rows::kKeyBlocks; ++j) fence_accumulators(rows.s[j]);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Rows::kKSteps; ++kk)
+  for (int kk = 0; kk < Rows::kKSteps; ++kk) {
+    const uint64_t q_descriptor = smem_descriptor_128b(q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32, 16);
+    if constexpr (WIDE_WGMMA) {
+      const uint64_t k_descriptor = smem_descriptor_128b(k_base + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16);
+      wgmma_ss<typename Rows::Element, kBlockN>(rows.scores(), q_descriptor, k_descriptor, kk > 0);
+    } else {
 #pragma unroll
-    for (int j = 0; j < Rows::kKeyBlocks; ++j) {
-      const uint32_t q_address = q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32;
-      const uint32_t k_address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-      wgmma_m64n64k16_ss<typename Rows::Element>(rows.s[j], smem_descriptor_128b(q_address, 16), smem_descriptor_128b(k_address, 16),
-                            kk > 0);
+      for (int j = 0; j < Rows::kKeyBlocks; ++j) {
+        const uint32_t k_address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
+        wgmma_ss<typename Rows::Element, 64>(rows.s[j], q_descriptor, smem_descriptor_128b(k_address, 16), kk > 0);
+      }
     }
+  }
   wgmma_commit();
 }
 
@@ -178,7 +166,7 @@ __device__ __forceinline__ void issue_scores_shared_q(Rows& rows, uint32_t q_bas
 // warpgroup need not agree to do it). Warp w's rows of a 64xN wgmma accumulator are the m16n8 tiles of
 // mma.sync side by side: n-tile 8j + c is s[j][4c..4c+3]. Q's fragments come from registers, or (kQInShared)
 // from Q's tile (`q_rows` rows, the warp's first at `q_first_row`); K's from its tile, as TMA wrote both.
-template <typename T, bool kQInShared, typename Rows>
+template <bool kQInShared, typename Rows>
 __device__ __forceinline__ void warp_scores(Rows& rows, const unsigned char* q_tile, int q_rows, int q_first_row,
                                             const unsigned char* k_tile, int lane) {
   constexpr int kBlockN = Rows::kKeyBlocks * 64;
@@ -204,7 +192,7 @@ __device__ __forceinline__ void warp_scores(Rows& rows, const unsigned char* q_t
       for (int half = 0; half < 2; ++half) {
         const int tile = 2 * pair + half;
         const uint32_t b_half[2] = {b[2 * half], b[2 * half + 1]};
-        mma_16816<T>(*reinterpret_cast<float(*)[4]>(&rows.s[tile / 8][4 * (tile % 8)]), a, b_half);
+        mma_16816<typename Rows::Element>(*reinterpret_cast<float(*)[4]>(&rows.s[tile / 8][4 * (tile % 8)]), a, b_half);
       }
     }
   }
@@ -444,7 +432,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
   // its registers, math (SPECULATE: the row sums as P·ones)
-  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE> rows;
+  WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE, WIDE_WGMMA> rows;
 
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
   // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
@@ -599,7 +587,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           rows.pack_probabilities();
           // SPECULATE, rarely: a row's maximum rose too far; this warp's rows of the tile again, the usual way.
           if (SPECULATE && __any_sync(0xffffffffu, rows.risen)) {
-            warp_scores<T, Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, consumer * 64 + warp * 16,
+            warp_scores<Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, consumer * 64 + warp * 16,
                                              k_tiles + buffer(ring_base + step) * Cfg::kKvBytes, lane);
             rows.softmax(step * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
             rows.rescale_output(correction);

@@ -54,33 +54,115 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The accumulators of one wgmma (N / 2 floats), asm operands %0 ... %(N / 2 - 1); A, B and `accumulate` follow.
 #define FC_WGMMA_D8(i)                                                                              \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),        \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FC_WGMMA_M64N64K16_RS(TYPE)                                                                    \
-  asm volatile(                                                                                       \
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %38, 0;\n"                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE "\n"                                \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"                                \
-      "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37;\n}\n"                                        \
-      : FC_WGMMA_D8(0), FC_WGMMA_D8(8), FC_WGMMA_D8(16), FC_WGMMA_D8(24)                              \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "n"(kTransposeB), "r"(accumulate))
+#define FC_WGMMA_D32(i) FC_WGMMA_D8(i), FC_WGMMA_D8(i + 8), FC_WGMMA_D8(i + 16), FC_WGMMA_D8(i + 24)
+#define FC_WGMMA_ACC32 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+  ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FC_WGMMA_ACC64 \
+  FC_WGMMA_ACC32 \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+  ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FC_WGMMA_ACC96 \
+  FC_WGMMA_ACC64 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define FC_WGMMA_ACC128 \
+  FC_WGMMA_ACC96 \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// A from registers: TAIL names A's four registers, B's descriptor and kTransposeB; PRED is `accumulate`.
+#define FC_WGMMA_RS(SHAPE, TYPE, ACC, TAIL, PRED, ...)                                               \
+  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, " PRED ", 0;\n"                \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n{" ACC "},\n" TAIL ";\n}\n" \
+               : __VA_ARGS__                                                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "n"(kTransposeB),  \
+                 "r"(accumulate))
+// A and B from shared memory, both K-major: TAIL names their descriptors.
+#define FC_WGMMA_SS(SHAPE, TYPE, ACC, TAIL, PRED, ...)                                               \
+  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, " PRED ", 0;\n"                \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n{" ACC "},\n" TAIL ";\n}\n" \
+               : __VA_ARGS__                                                                      \
+               : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate))
 
-// D (64x64) = A (64x16, registers) · B (16x64, shared memory) + (accumulate ? D : 0), fp32 accumulate.
+// D (64xN) = A (64x16, registers) · B (16xN, shared memory) + (accumulate ? D : 0), fp32 accumulate, one
+// instruction for N = 64, 128, 192 or 256 (a wider wgmma reads A once for all N columns).
 // kTransposeB = 0: B's rows in shared memory are its columns (K-major: Kᵀ from K's rows);
 // kTransposeB = 1: they are its rows (MN-major: V as stored).
-template <typename T, int kTransposeB>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b_descriptor,
-                                                int accumulate) {
+template <typename T, int N, int kTransposeB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_descriptor,
+                                         int accumulate) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
-  if constexpr (std::is_same_v<T, __half>) {
-    FC_WGMMA_M64N64K16_RS("f16");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N = 64, 128, 192 or 256");
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  if constexpr (N == 64 && kHalf) {
+    FC_WGMMA_RS("m64n64k16", "f16", FC_WGMMA_ACC32, "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37", "%38",
+                FC_WGMMA_D32(0));
+  } else if constexpr (N == 64) {
+    FC_WGMMA_RS("m64n64k16", "bf16", FC_WGMMA_ACC32, "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37", "%38",
+                FC_WGMMA_D32(0));
+  } else if constexpr (N == 128 && kHalf) {
+    FC_WGMMA_RS("m64n128k16", "f16", FC_WGMMA_ACC64, "{%64, %65, %66, %67}, %68, accumulate, 1, 1, %69", "%70",
+                FC_WGMMA_D32(0), FC_WGMMA_D32(32));
+  } else if constexpr (N == 128) {
+    FC_WGMMA_RS("m64n128k16", "bf16", FC_WGMMA_ACC64, "{%64, %65, %66, %67}, %68, accumulate, 1, 1, %69", "%70",
+                FC_WGMMA_D32(0), FC_WGMMA_D32(32));
+  } else if constexpr (N == 192 && kHalf) {
+    FC_WGMMA_RS("m64n192k16", "f16", FC_WGMMA_ACC96, "{%96, %97, %98, %99}, %100, accumulate, 1, 1, %101", "%102",
+                FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+  } else if constexpr (N == 192) {
+    FC_WGMMA_RS("m64n192k16", "bf16", FC_WGMMA_ACC96, "{%96, %97, %98, %99}, %100, accumulate, 1, 1, %101", "%102",
+                FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+  } else if constexpr (kHalf) {
+    FC_WGMMA_RS("m64n256k16", "f16", FC_WGMMA_ACC128, "{%128, %129, %130, %131}, %132, accumulate, 1, 1, %133",
+                "%134", FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
   } else {
-    FC_WGMMA_M64N64K16_RS("bf16");
+    FC_WGMMA_RS("m64n256k16", "bf16", FC_WGMMA_ACC128, "{%128, %129, %130, %131}, %132, accumulate, 1, 1, %133",
+                "%134", FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
   }
 }
-#undef FC_WGMMA_M64N64K16_RS
+
+// D (64xN) = A (64x16) · B (16xN) + (accumulate ? D : 0), both from shared memory (K-major), fp32 accumulate.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_descriptor, uint64_t b_descriptor,
+                                         int accumulate) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N = 64, 128, 192 or 256");
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  if constexpr (N == 64 && kHalf) {
+    FC_WGMMA_SS("m64n64k16", "f16", FC_WGMMA_ACC32, "%32, %33, accumulate, 1, 1, 0, 0", "%34", FC_WGMMA_D32(0));
+  } else if constexpr (N == 64) {
+    FC_WGMMA_SS("m64n64k16", "bf16", FC_WGMMA_ACC32, "%32, %33, accumulate, 1, 1, 0, 0", "%34", FC_WGMMA_D32(0));
+  } else if constexpr (N == 128 && kHalf) {
+    FC_WGMMA_SS("m64n128k16", "f16", FC_WGMMA_ACC64, "%64, %65, accumulate, 1, 1, 0, 0", "%66", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32));
+  } else if constexpr (N == 128) {
+    FC_WGMMA_SS("m64n128k16", "bf16", FC_WGMMA_ACC64, "%64, %65, accumulate, 1, 1, 0, 0", "%66", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32));
+  } else if constexpr (N == 192 && kHalf) {
+    FC_WGMMA_SS("m64n192k16", "f16", FC_WGMMA_ACC96, "%96, %97, accumulate, 1, 1, 0, 0", "%98", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+  } else if constexpr (N == 192) {
+    FC_WGMMA_SS("m64n192k16", "bf16", FC_WGMMA_ACC96, "%96, %97, accumulate, 1, 1, 0, 0", "%98", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+  } else if constexpr (kHalf) {
+    FC_WGMMA_SS("m64n256k16", "f16", FC_WGMMA_ACC128, "%128, %129, accumulate, 1, 1, 0, 0", "%130", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+  } else {
+    FC_WGMMA_SS("m64n256k16", "bf16", FC_WGMMA_ACC128, "%128, %129, accumulate, 1, 1, 0, 0", "%130", FC_WGMMA_D32(0),
+                FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+  }
+}
+#undef FC_WGMMA_SS
+#undef FC_WGMMA_RS
+#undef FC_WGMMA_ACC128
+#undef FC_WGMMA_ACC96
+#undef FC_WGMMA_ACC64
+#undef FC_WGMMA_ACC32
+#undef FC_WGMMA_D32
 #undef FC_WGMMA_D8
 
 #define FC_WGMMA_M64N8K16_RS(TYPE)                                                                     \

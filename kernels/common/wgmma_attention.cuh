@@ -30,7 +30,7 @@
 constexpr float kSpeculationSlack = 8.f;
 
 template <typename T, int kHeadDim, int kBlockN, int kRescaleSlack = 0, bool kSumRoundedP = false,
-          bool kExactExp = false, bool kTensorCoreSums = false>
+          bool kExactExp = false, bool kTensorCoreSums = false, bool kWideWgmma = false>
 struct WarpgroupAttention {
   using Element = T;
   static constexpr int kKSteps = kHeadDim / 16;    // k16 slices of Q·Kᵀ
@@ -45,6 +45,10 @@ struct WarpgroupAttention {
   float row_max[2], row_sum[2];  // rows g and g + 8, log2 units; the sum is this lane's part
   float sum_acc[4];              // kTensorCoreSums: P·ones, a 64x8 accumulator; row g's sum in [0], g + 8's in [2]
   bool risen;                    // softmax<true>: a row's maximum rose more than kSpeculationSlack
+
+  // The accumulators as one wgmma's (kWideWgmma): 64-column blocks side by side are the layout of one 64xN.
+  __device__ __forceinline__ float (&scores())[kBlockN / 2] { return reinterpret_cast<float(&)[kBlockN / 2]>(s); }
+  __device__ __forceinline__ float (&output())[kHeadDim / 2] { return reinterpret_cast<float(&)[kHeadDim / 2]>(o_acc); }
 
   // O = 0 and no row seen yet: the start of a query tile.
   __device__ __forceinline__ void reset() {
@@ -77,12 +81,18 @@ struct WarpgroupAttention {
     for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if constexpr (kWideWgmma) {
+        const uint32_t address = k_base + (kk / 4) * kBlockN * 128 + (kk % 4) * 32;
+        wgmma_rs<T, kBlockN, 0>(scores(), q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+      } else {
 #pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) {
-        const uint32_t address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-        wgmma_m64n64k16<T, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+        for (int j = 0; j < kKeyBlocks; ++j) {
+          const uint32_t address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
+          wgmma_rs<T, 64, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+        }
       }
+    }
     wgmma_commit();
   }
 
@@ -96,10 +106,14 @@ struct WarpgroupAttention {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {
+      if constexpr (kWideWgmma) {
+        wgmma_rs<T, kHeadDim, 1>(output(), p_frag[kk], smem_descriptor_128b(v_base + kk * 16 * 128, kBlockN * 128), 1);
+      } else {
 #pragma unroll
-      for (int j = 0; j < kDBlocks; ++j) {
-        const uint32_t address = v_base + j * kBlockN * 128 + kk * 16 * 128;
-        wgmma_m64n64k16<T, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, kBlockN * 128), 1);
+        for (int j = 0; j < kDBlocks; ++j) {
+          const uint32_t address = v_base + j * kBlockN * 128 + kk * 16 * 128;
+          wgmma_rs<T, 64, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, kBlockN * 128), 1);
+        }
       }
       if constexpr (kTensorCoreSums) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
     }
