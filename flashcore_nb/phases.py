@@ -281,6 +281,12 @@ def _p09_refuses(params: dict) -> str | None:
     if not params["OVERLAP"] and 64 in (params["BLOCK_N"], params["BLOCK_N_D128"]):
         return ("OVERLAP=0 with 64-key tiles (BLOCK_N or BLOCK_N_D128 = 64) gives wrong results: a known "
                 "phase 9 bug, not fixed yet; use OVERLAP=1 or 128-key tiles")
+    # Measured on the H100 the same way: without OVERLAP, the wide wgmmas give wrong outputs at D = 128 (max error
+    # 0.18-0.5) once a row sees two key tiles, and are right at D = 64. The two failing builds share a shape: Q·Kᵀ
+    # and P·V each one wgmma of the same width per slice (64 and 64 there, 128 and 128 here). Cause not found yet.
+    if not params["OVERLAP"] and params["WIDE_WGMMA"]:
+        return ("OVERLAP=0 with WIDE_WGMMA=1 gives wrong results at D=128: a known phase 9 bug, not fixed yet; "
+                "use OVERLAP=1, or WIDE_WGMMA=0 with OVERLAP=0")
     # the kernel's static_assert, said before a compile
     if params["SPECULATE"] and not params["OVERLAP"]:
         return "SPECULATE=1 changes the overlapped step's softmax: set OVERLAP=1, or SPECULATE=0 with OVERLAP=0"
@@ -610,8 +616,8 @@ _REGISTRY = [
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test", "sanitize"),
             variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
-            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0}, "ablation", "test",
-                    "sanitize"),
+            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0},
+                    "ablation", "test", "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
             variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
             variant("a fixed round robin, rounds as a snake (no counter)", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0},
@@ -642,7 +648,8 @@ _REGISTRY = [
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
             variant("2 persistent CTAs, no overlap, 2 stages", {"PERSISTENT_CTAS": 2, "OVERLAP": 0, "PINGPONG": 0,
-                                                                "SPECULATE": 0, "STAGES": 2}, "test", "sanitize"),
+                                                                "SPECULATE": 0, "WIDE_WGMMA": 0, "STAGES": 2},
+                    "test", "sanitize"),
             # the other shapes of the ring and the CTA
             variant("two consumers, 192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
                     {"CONSUMERS": 2, "Q_IN_SHARED": 0, "BLOCK_N": 192, "STAGES": 2, "BLOCK_N_D128": 64,
@@ -652,8 +659,8 @@ _REGISTRY = [
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
-            variant("no ping-pong, no overlap (TRACE=1)", {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0},
-                    "trace"),
+            variant("no ping-pong, no overlap (TRACE=1)",
+                    {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0}, "trace"),
         ),
     ),
     Phase(

@@ -145,8 +145,8 @@ def test_the_validation_cache_key_changes_with_everything_validation_reads():
 
 
 def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, monkeypatch):
-    """p09 without OVERLAP and with 64-key tiles gave wrong outputs on the H100: the build refuses it with
-    the reason (before any compiler runs), and no variant the registry builds is one it refuses."""
+    """p09 without OVERLAP, with 64-key tiles or with the wide wgmmas, gave wrong outputs on the H100: the build
+    refuses it with the reason (before any compiler runs), and no variant the registry builds is one it refuses."""
     from flashcore_nb import build
     monkeypatch.setenv("FLASHCORE_BUILD_DIR", str(tmp_path))
     p09 = PHASES["p09_warpspec"]
@@ -154,8 +154,11 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     with pytest.raises(ValueError, match="OVERLAP=0 with 64-key tiles .* known phase 9 bug"):
         build.build_extension("p09_warpspec", 90, wrong)
     assert not any(tmp_path.iterdir())
-    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0}) is None
-    assert "SPECULATE=1 changes the overlapped step" in p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0})
+    assert "OVERLAP=0 with WIDE_WGMMA=1 gives wrong results at D=128" in p09.refuses(
+        {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0})
+    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0, "WIDE_WGMMA": 0}) is None
+    assert "SPECULATE=1 changes the overlapped step" in p09.refuses(
+        {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "WIDE_WGMMA": 0})
     assert p09.refuses({**p09.tile_params, "BLOCK_N": 64, "BLOCK_N_D128": 64}) is None
     for phase in PHASES.values():
         for v in phase.variants:
