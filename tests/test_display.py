@@ -90,4 +90,4 @@ def test_excerpt_diff_is_one_hunk_numbered_by_both_files():
             new_no += 1
     assert lines[-1] == "+}"          # the method's closing brace; p07's lambda closes with "};"
     assert any(line.startswith("-") and "ldmatrix_x4(b, k_tile" in line for line in lines)   # ldmatrix out,
-    assert any(line.startswith("+") and "wgmma_m64n64k16<T, 0>" in line for line in lines)   # wgmma in
+    assert any(line.startswith("+") and "wgmma_rs<T, 64, 0>" in line for line in lines)   # wgmma in
