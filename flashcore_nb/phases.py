@@ -261,8 +261,8 @@ def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
     # them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums' P·ones), then
-    # the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot where DYNAMIC hands the consumers their work item. The kernel asks for 1 KB
-    # more and rounds its base up to 1024 bytes for the swizzle.
+    # the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot where DYNAMIC hands the
+    # consumers their work item. The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
             *([Buffer("ones for the row sums, P·ones (SPECULATE)", 8, 64, 2)] if params["SPECULATE"] else []),
