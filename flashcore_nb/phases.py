@@ -287,10 +287,17 @@ def _p09_refuses(params: dict) -> str | None:
     if not params["OVERLAP"] and params["WIDE_WGMMA"]:
         return ("OVERLAP=0 with WIDE_WGMMA=1 gives wrong results at D=128: a known phase 9 bug, not fixed yet; "
                 "use OVERLAP=1, or WIDE_WGMMA=0 with OVERLAP=0")
-    # the kernel's static_assert, said before a compile
+    # the kernel's static_asserts, said before a compile
     if params["SPECULATE"] and not params["OVERLAP"]:
         return "SPECULATE=1 changes the overlapped step's softmax: set OVERLAP=1, or SPECULATE=0 with OVERLAP=0"
+    if params["CARRY_OVER"] and not params["OVERLAP"]:
+        return ("CARRY_OVER=1 moves the overlapped steps' last P·V into the next work item: set OVERLAP=1, "
+                "or CARRY_OVER=0 with OVERLAP=0")
     return None
+
+
+# Phase 9 without OVERLAP: what needs it goes too (ping-pong, speculation, carry-over), and the wide wgmmas (refused).
+_NO_OVERLAP = {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0, "CARRY_OVER": 0}
 
 
 def p10_block_m(head_dim: int, params: dict) -> int:
@@ -600,7 +607,7 @@ _REGISTRY = [
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
-                     "SPECULATE": 1, "WIDE_WGMMA": 1, "TRACE": 0},
+                     "SPECULATE": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -616,8 +623,8 @@ _REGISTRY = [
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test", "sanitize"),
             variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
-            variant("no ping-pong, no overlap", {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0},
-                    "ablation", "test", "sanitize"),
+            variant("no carry-over between work items", {"CARRY_OVER": 0}, "ablation", "test", "sanitize"),
+            variant("no ping-pong, no overlap", _NO_OVERLAP, "ablation", "test", "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
             variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
             variant("a fixed round robin, rounds as a snake (no counter)", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0},
@@ -647,8 +654,7 @@ _REGISTRY = [
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
-            variant("2 persistent CTAs, no overlap, 2 stages", {"PERSISTENT_CTAS": 2, "OVERLAP": 0, "PINGPONG": 0,
-                                                                "SPECULATE": 0, "WIDE_WGMMA": 0, "STAGES": 2},
+            variant("2 persistent CTAs, no overlap, 2 stages", {**_NO_OVERLAP, "PERSISTENT_CTAS": 2, "STAGES": 2},
                     "test", "sanitize"),
             # the other shapes of the ring and the CTA
             variant("two consumers, 192-key tiles, 2 stages; 4 stages of 64-key tiles at D=128",
@@ -658,9 +664,9 @@ _REGISTRY = [
             # OVERLAP, 64-key tiles are refused: _p09_refuses)
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
+            variant("no carry-over (TRACE=1)", {"TRACE": 1, "CARRY_OVER": 0}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
-            variant("no ping-pong, no overlap (TRACE=1)",
-                    {"TRACE": 1, "PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0}, "trace"),
+            variant("no ping-pong, no overlap (TRACE=1)", {**_NO_OVERLAP, "TRACE": 1}, "trace"),
         ),
     ),
     Phase(

@@ -43,6 +43,12 @@
 //              N = D columns for P·V, where phase 8 issues one per 64 (two per slice at 128 keys or D = 128). A
 //              wider wgmma reads its A operand (Q or P) once for all N columns, and the step issues half the
 //              instructions; the accumulators are laid out the same either way;
+//   CARRY_OVER=1 (with OVERLAP) a work item's last P·V is not issued alone at the item's end but beside the next
+//              item's first Q·Kᵀ, in its first step, and the item's O is written there, once that P·V has
+//              landed: without it, each item starts with a Q·Kᵀ alone and ends with a P·V alone and its
+//              epilogue, and a persistent CTA's consumers idle at every item boundary (a third of an item's
+//              GPU time at 512 keys, D = 128). Not for rows that end before the item's last key tile (causal),
+//              whose buffers the producer needs back sooner;
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -57,8 +63,9 @@
 //
 // Tile parameters: CONSUMERS, BLOCK_N and STAGES for D = 64; CONSUMERS_D128, BLOCK_N_D128 and
 // STAGES_D128 for D = 128. A CTA holds CONSUMERS x 64 query rows. The defaults are for large problems
-// (chapter 9's ablation): at D = 64 three consumers with Q read from shared memory, 192 query rows per CTA;
-// at D = 128 two with Q in registers (three do not fit their registers there).
+// (chapter 9's ablation): two consumers with Q in registers, 128 query rows per CTA, at both head dims (three
+// at D = 64 read Q from shared memory to fit their registers, a candidate of `attention`; at D = 128 three fit
+// only on 64-key tiles).
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
@@ -109,8 +116,8 @@
 // Q_IN_SHARED=1: Q·Kᵀ reads Q from its shared-memory tile (both wgmma operands from shared memory), so a
 // consumer keeps no Q fragments in registers: 16 (D = 64) or 32 (D = 128) registers fewer, the room three
 // consumers of 160 registers need for 128-key tiles. Q's buffer is then released after the work item's last
-// Q·Kᵀ instead of once Q is in registers. On by default at D = 64, where it makes three consumers fit; off at
-// D = 128 (Q_IN_SHARED_D128), where two consumers read Q faster from registers.
+// Q·Kᵀ instead of once Q is in registers. Off by default: two consumers read Q faster from registers, and three
+// at D = 64 (a candidate of `attention`) need it on to fit (Q_IN_SHARED_D128 for D = 128).
 #ifndef Q_IN_SHARED
 #define Q_IN_SHARED 0
 #endif
@@ -131,6 +138,9 @@
 #endif
 #ifndef WIDE_WGMMA
 #define WIDE_WGMMA 1
+#endif
+#ifndef CARRY_OVER
+#define CARRY_OVER 1
 #endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
@@ -233,6 +243,7 @@ struct Tiles {
   static_assert(!DYNAMIC || PERSISTENT, "DYNAMIC hands persistent CTAs their work items");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
   static_assert(!SPECULATE || OVERLAP, "SPECULATE changes the overlapped step's softmax");
+  static_assert(!CARRY_OVER || OVERLAP, "CARRY_OVER moves the overlapped steps' last P·V into the next item's first");
 };
 
 // The barriers of the copy ring, after the tiles in shared memory.
@@ -434,33 +445,40 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // its registers, math (SPECULATE: the row sums as P·ones)
   WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE, WIDE_WGMMA> rows;
 
+  // A key tile: its ring entry, and (for the trace) its work item's number and its place in the item. A step
+  // may work on tiles of two items (an item's last P·V is issued in the next one's first step), so the steps
+  // name the tiles they wait for, issue and release this way.
+  struct KeyTile {
+    int entry, item, tile;
+  };
+  const auto key_tile = [&](int tile) { return KeyTile{ring_base + tile, items_done, tile}; };
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
   // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
   // the release counts toward that entry's use of the buffer and not an earlier one's.
-  const auto release = [&](int tile) {
+  const auto release = [&](KeyTile at) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&bars.empty[buffer(ring_base + tile)]);
-    trace.stamp(kTraceRelease, items_done, tile);
+    if (lane == 0) mbarrier_arrive(&bars.empty[buffer(at.entry)]);
+    trace.stamp(kTraceRelease, at.item, at.tile);
   };
-  const auto wait_keys = [&](int tile) {
-    trace.stamp(kTraceKWaitBegin, items_done, tile);
-    mbarrier_wait(&bars.k_full[buffer(ring_base + tile)], parity(ring_base + tile));
-    trace.stamp(kTraceKWaitEnd, items_done, tile);
+  const auto wait_keys = [&](KeyTile at) {
+    trace.stamp(kTraceKWaitBegin, at.item, at.tile);
+    mbarrier_wait(&bars.k_full[buffer(at.entry)], parity(at.entry));
+    trace.stamp(kTraceKWaitEnd, at.item, at.tile);
   };
-  const auto wait_values = [&](int tile) {
-    trace.stamp(kTraceVWaitBegin, items_done, tile);
-    mbarrier_wait(&bars.v_full[buffer(ring_base + tile)], parity(ring_base + tile));
-    trace.stamp(kTraceVWaitEnd, items_done, tile);
+  const auto wait_values = [&](KeyTile at) {
+    trace.stamp(kTraceVWaitBegin, at.item, at.tile);
+    mbarrier_wait(&bars.v_full[buffer(at.entry)], parity(at.entry));
+    trace.stamp(kTraceVWaitEnd, at.item, at.tile);
   };
-  const auto skip = [&](int tile) {
-    wait_keys(tile);
-    wait_values(tile);
-    release(tile);
+  const auto skip = [&](KeyTile at) {
+    wait_keys(at);
+    wait_values(at);
+    release(at);
   };
-  // The struct's steps, each stamped in a TRACE=1 build; the buffers are the ring entries' of the item.
-  auto issue_scores = [&](int tile) {
-    trace.stamp(kTraceScoresIssue, items_done, tile);
-    const uint32_t k_base = smem_address(k_tiles + buffer(ring_base + tile) * Cfg::kKvBytes);
+  // The struct's steps, each stamped in a TRACE=1 build.
+  auto issue_scores = [&](KeyTile at) {
+    trace.stamp(kTraceScoresIssue, at.item, at.tile);
+    const uint32_t k_base = smem_address(k_tiles + buffer(at.entry) * Cfg::kKvBytes);
     if constexpr (Cfg::kQInShared)
       issue_scores_shared_q(rows, smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
     else
@@ -473,22 +491,22 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.q_empty);
   };
-  auto issue_values = [&](int tile) {
-    trace.stamp(kTraceValuesIssue, items_done, tile);
-    rows.issue_values(smem_address(v_tiles + buffer(ring_base + tile) * Cfg::kKvBytes), ones_descriptor);
+  auto issue_values = [&](KeyTile at) {
+    trace.stamp(kTraceValuesIssue, at.item, at.tile);
+    rows.issue_values(smem_address(v_tiles + buffer(at.entry) * Cfg::kKvBytes), ones_descriptor);
   };
   // After the wgmma_wait that covers them: the stamp is when the warpgroup saw them done.
-  auto scores_landed = [&](int tile) {
+  auto scores_landed = [&](KeyTile at) {
     rows.scores_landed();
-    trace.stamp(kTraceScoresDone, items_done, tile);
+    trace.stamp(kTraceScoresDone, at.item, at.tile);
   };
   // Q_IN_SHARED: the item's last Q·Kᵀ has landed, and (SPECULATE) will not be computed again.
   const auto scores_done_with_q = [&](int tile) {
     if (Cfg::kQInShared && tile == my_tiles - 1) release_q();
   };
-  auto output_landed = [&](int tile) {
+  auto output_landed = [&](KeyTile at) {
     rows.output_landed();
-    trace.stamp(kTraceValuesDone, items_done, tile);
+    trace.stamp(kTraceValuesDone, at.item, at.tile);
   };
   auto softmax = [&](int tile, float (&correction)[2], auto speculate) {
     trace.stamp(kTraceSoftmaxBegin, items_done, tile);
@@ -496,28 +514,47 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
                                                       correction);
     trace.stamp(kTraceSoftmaxEnd, items_done, tile);
   };
+  // The epilogue: this warpgroup's rows of O of work item `done` (the CTA's `number`th), normalised and
+  // written, once its last P·V has landed.
+  const auto write_output = [&](const WorkItem& done, int number) {
+    trace.stamp(kTraceEpilogueBegin, number);
+    rows.store_output(params, done.batch, done.head, done.first_row + consumer * 64 + warp * 16 + g, t);
+    trace.stamp(kTraceEpilogueEnd, number);
+  };
 
   // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the next
-  // (round robin) after issuing, and the last gives consumer 0 the first turn of every work item. All
-  // take all key_tiles + 1 steps of an item (issuing nothing in those past their own tiles), so every turn
-  // handed over is taken, except the one the last consumer would hand over at the item's end. A barrier
-  // counts the 128 threads that wait on it and the 128 that arrive.
+  // (round robin) after issuing. Consumer 0 takes the first turn, the last consumer hands one to it before
+  // the first item. Every consumer takes key_tiles turns per item (issuing nothing in those past its own
+  // tiles) and one more after the last item, and the last consumer hands over nothing in that one: every
+  // turn handed over is taken. A barrier counts the 128 threads that wait on it and the 128 that arrive.
   constexpr uint32_t kTurnThreads = 256;
   constexpr int kLastConsumer = Cfg::kConsumers - 1;
   const int next_consumer = consumer == kLastConsumer ? 0 : consumer + 1;
-  const auto take_turn = [&](int step) {
+  // (The turn after the last item is stamped as the last item's, tile -1.)
+  const auto take_turn = [&](int number, int step) {
     if (Cfg::kPingPong) {
-      trace.stamp(kTraceTurnWait, items_done, step);
+      trace.stamp(kTraceTurnWait, number, step);
       named_barrier_sync(1 + consumer, kTurnThreads);
-      trace.stamp(kTraceTurnTaken, items_done, step);
+      trace.stamp(kTraceTurnTaken, number, step);
     }
   };
-  const auto hand_over_turn = [&](int step) {
-    if (Cfg::kPingPong && !(consumer == kLastConsumer && step == key_tiles)) {
+  const auto hand_over_turn = [&](int number, int step) {
+    if (Cfg::kPingPong) {
       named_barrier_arrive(1 + next_consumer, kTurnThreads);
-      trace.stamp(kTraceTurnHanded, items_done, step);
+      trace.stamp(kTraceTurnHanded, number, step);
     }
   };
+  if (OVERLAP && Cfg::kPingPong && consumer == kLastConsumer) {
+    named_barrier_arrive(1, kTurnThreads);
+    trace.stamp(kTraceTurnHanded, 0);
+  }
+
+  // OVERLAP: the CTA's last work item, when the P·V of its last key tile waits for the next item's first
+  // step (this warpgroup's rows see every key tile of it): that tile is the ring entry before the next item's.
+  // (Kept as its index, and worked out again where needed: fewer registers held through the item.)
+  int waiting = -1;
+  const auto waiting_item = [&]() { return work_item<Cfg::kBlockM, Cfg::kBlockN>(waiting, order, params); };
+  const auto waiting_tile = [&]() { return KeyTile{ring_base - 1, items_done - 1, waiting_item().key_tiles - 1}; };
 
   for (;; ++items_done) {
     // The item: DYNAMIC, the one the producer announces with Q (waited for here); otherwise this CTA's
@@ -548,41 +585,65 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
       release_q();
     }
-    rows.reset();
+    rows.reset_maxima();
+    if (waiting < 0) rows.reset_output();   // otherwise O is still the last item's, until its last P·V lands
 
     if constexpr (OVERLAP) {
       // Step `step` issues S for tile `step` and P·V for tile step - 1 back to back, then does the
-      // softmax of tile `step` while that P·V runs. Each branch waits for every wgmma it issues: ptxas
-      // then knows that none is in flight where the branches meet, and does not serialise them.
-      if (Cfg::kPingPong && consumer == kLastConsumer) {
-        named_barrier_arrive(1, kTurnThreads);
-        trace.stamp(kTraceTurnHanded, items_done);
-      }
-      for (int step = 0; step <= key_tiles; ++step) {
-        take_turn(step);
-        if (step == 0) {   // the first tile: its scores alone (my_tiles >= 1 for every warpgroup)
-          wait_keys(0);
-          issue_scores(0);
-          hand_over_turn(step);
+      // softmax of tile `step` while that P·V runs. Step 0 does the same with the last item's last P·V, and
+      // writes that item's O: its tail overlaps this item's head. Each branch waits for every wgmma it
+      // issues: ptxas then knows that none is in flight where the branches meet, and does not serialise them.
+      const int steps = CARRY_OVER ? key_tiles : key_tiles + 1;   // without it: one step for the last P·V
+      for (int step = 0; step < steps; ++step) {
+        take_turn(items_done, step);
+        if (step == 0 && waiting < 0) {   // the CTA's first item (or the last one ended early): its scores alone
+          wait_keys(key_tile(0));
+          issue_scores(key_tile(0));
+          hand_over_turn(items_done, step);
           wgmma_wait<0>();
-          scores_landed(0);
+          scores_landed(key_tile(0));
           scores_done_with_q(0);
           float correction[2];
           softmax(0, correction, std::false_type{});   // O is still zero: no rescale
           rows.pack_probabilities();
+        } else if (step == 0) {   // this item's first scores beside the last item's last P·V (my_tiles >= 1)
+          wait_keys(key_tile(0));
+          issue_scores(key_tile(0));
+          wait_values(waiting_tile());
+          issue_values(waiting_tile());
+          hand_over_turn(items_done, step);
+          float correction[2];   // the first tile of its rows: no rescale
+          if constexpr (SPECULATE) {   // the row sums are P·ones, beside O: the softmax runs while they land
+            wgmma_wait<1>();
+            scores_landed(key_tile(0));
+            softmax(0, correction, std::false_type{});
+            wgmma_wait<0>();
+            output_landed(waiting_tile());
+          } else {   // the softmax adds the row sums, and they are the last item's until its O is written
+            wgmma_wait<0>();
+            scores_landed(key_tile(0));
+            output_landed(waiting_tile());
+          }
+          release(waiting_tile());
+          write_output(waiting_item(), items_done - 1);
+          rows.reset_output();
+          waiting = -1;
+          if constexpr (!SPECULATE) softmax(0, correction, std::false_type{});
+          rows.pack_probabilities();
+          scores_done_with_q(0);
         } else if (step < my_tiles) {
-          wait_keys(step);
-          issue_scores(step);
-          wait_values(step - 1);
-          issue_values(step - 1);
-          hand_over_turn(step);
+          wait_keys(key_tile(step));
+          issue_scores(key_tile(step));
+          wait_values(key_tile(step - 1));
+          issue_values(key_tile(step - 1));
+          hand_over_turn(items_done, step);
           wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
-          scores_landed(step);
+          scores_landed(key_tile(step));
           float correction[2];
           softmax(step, correction, std::bool_constant<SPECULATE>{});
           wgmma_wait<0>();
-          output_landed(step - 1);
-          release(step - 1);
+          output_landed(key_tile(step - 1));
+          release(key_tile(step - 1));
           rows.rescale_output(correction);   // O now holds P·V up to tile step - 1
           rows.pack_probabilities();
           // SPECULATE, rarely: a row's maximum rose too far; this warp's rows of the tile again, the usual way.
@@ -594,45 +655,60 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
             rows.pack_probabilities();
           }
           scores_done_with_q(step);
-        } else if (step == my_tiles) {   // the last P·V
-          wait_values(step - 1);
-          issue_values(step - 1);
-          hand_over_turn(step);
+        } else if (step == my_tiles) {   // the last P·V (CARRY_OVER: only of rows that end before the last key tile)
+          wait_values(key_tile(step - 1));
+          issue_values(key_tile(step - 1));
+          hand_over_turn(items_done, step);
           wgmma_wait<0>();
-          output_landed(step - 1);
-          release(step - 1);
+          output_landed(key_tile(step - 1));
+          release(key_tile(step - 1));
+          write_output(item, items_done);
+          if (step < key_tiles) skip(key_tile(step));
         } else {   // causal: a tile right of this warpgroup's diagonal
-          hand_over_turn(step);
-          skip(step - 1);
+          hand_over_turn(items_done, step);
+          if (step < key_tiles) skip(key_tile(step));
         }
       }
+      if (CARRY_OVER && my_tiles == key_tiles) waiting = index;
     } else {
       for (int tile = 0; tile < key_tiles; ++tile) {
         if (tile >= my_tiles) {
-          skip(tile);
+          skip(key_tile(tile));
           continue;
         }
-        wait_keys(tile);
-        issue_scores(tile);
+        wait_keys(key_tile(tile));
+        issue_scores(key_tile(tile));
         wgmma_wait<0>();
-        scores_landed(tile);
+        scores_landed(key_tile(tile));
         scores_done_with_q(tile);
         float correction[2];
         softmax(tile, correction, std::false_type{});
         rows.rescale_output(correction);
         rows.pack_probabilities();
-        wait_values(tile);
-        issue_values(tile);
+        wait_values(key_tile(tile));
+        issue_values(key_tile(tile));
         wgmma_wait<0>();
-        output_landed(tile);
-        release(tile);
+        output_landed(key_tile(tile));
+        release(key_tile(tile));
       }
+      write_output(item, items_done);
     }
-
-    trace.stamp(kTraceEpilogueBegin, items_done);
-    rows.store_output(params, item.batch, item.head, warp_row, t);
-    trace.stamp(kTraceEpilogueEnd, items_done);
     ring_base += key_tiles;
+  }
+
+  if constexpr (OVERLAP) {   // the last item's last P·V, in the turn every consumer takes after the last item
+    take_turn(items_done - 1, -1);
+    if (waiting >= 0) {
+      wait_values(waiting_tile());
+      issue_values(waiting_tile());
+      if (consumer != kLastConsumer) hand_over_turn(items_done - 1, -1);
+      wgmma_wait<0>();
+      output_landed(waiting_tile());
+      release(waiting_tile());
+      write_output(waiting_item(), items_done - 1);
+    } else if (consumer != kLastConsumer) {
+      hand_over_turn(items_done - 1, -1);
+    }
   }
   trace.end();
 }

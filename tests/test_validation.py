@@ -156,9 +156,10 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     assert not any(tmp_path.iterdir())
     assert "OVERLAP=0 with WIDE_WGMMA=1 gives wrong results at D=128" in p09.refuses(
         {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0})
-    assert p09.refuses({**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0, "WIDE_WGMMA": 0}) is None
-    assert "SPECULATE=1 changes the overlapped step" in p09.refuses(
-        {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "WIDE_WGMMA": 0})
+    no_overlap = {**p09.tile_params, "OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0, "WIDE_WGMMA": 0, "CARRY_OVER": 0}
+    assert p09.refuses(no_overlap) is None
+    assert "SPECULATE=1 changes the overlapped step" in p09.refuses({**no_overlap, "SPECULATE": 1})
+    assert "CARRY_OVER=1 moves the overlapped steps' last P·V" in p09.refuses({**no_overlap, "CARRY_OVER": 1})
     assert p09.refuses({**p09.tile_params, "BLOCK_N": 64, "BLOCK_N_D128": 64}) is None
     for phase in PHASES.values():
         for v in phase.variants:

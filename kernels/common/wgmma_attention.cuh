@@ -52,15 +52,22 @@ struct WarpgroupAttention {
 
   // O = 0 and no row seen yet: the start of a query tile.
   __device__ __forceinline__ void reset() {
+    reset_maxima();
+    reset_output();
+  }
+  // The two halves of reset, for a kernel (phase 9) that starts a tile's softmax while the previous tile's
+  // last P·V still runs into O and its row sums (P·ones: kTensorCoreSums; reset_output clears the fp32 ones).
+  __device__ __forceinline__ void reset_maxima() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_max[h] = -INFINITY;
+  }
+  __device__ __forceinline__ void reset_output() {
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o_acc[j][i] = 0.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_max[h] = -INFINITY;
-      row_sum[h] = 0.f;
-    }
+    for (int h = 0; h < 2; ++h) row_sum[h] = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) sum_acc[i] = 0.f;
   }
@@ -75,7 +82,8 @@ struct WarpgroupAttention {
       ldmatrix_x4(q_frag[kk], smem_address(q_tile + swizzled_offset(rows, row, kk * 16 + lane / 16 * 8)));
   }
 
-  // S = Q·Kᵀ for the K tile at shared address `k_base`: for each k16 slice of D, one wgmma per 64 keys.
+  // S = Q·Kᵀ for the K tile at shared address `k_base`: for each k16 slice of D, one wgmma per 64 keys
+  // (kWideWgmma: one for all kBlockN keys).
   __device__ __forceinline__ void issue_scores(uint32_t k_base) {
 #pragma unroll
     for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
@@ -97,7 +105,7 @@ struct WarpgroupAttention {
   }
 
   // O += P·V for the V tile at shared address `v_base`: for each k16 slice of the keys, one wgmma per
-  // 64 columns of D; kTensorCoreSums: and the row sums += P·ones, `ones` the descriptor of a 16x8 (K-major)
+  // 64 columns of D (kWideWgmma: one for all D columns); kTensorCoreSums: and the row sums += P·ones, `ones` the descriptor of a 16x8 (K-major)
   // block of ones in shared memory.
   __device__ __forceinline__ void issue_values(uint32_t v_base, uint64_t ones = 0) {
 #pragma unroll
