@@ -277,13 +277,17 @@ def _p09_refuses(params: dict) -> str | None:
         return "DYNAMIC=1 hands persistent CTAs their work items: set PERSISTENT=1, or DYNAMIC=0 with PERSISTENT=0"
     # Measured on the H100: without OVERLAP, 64-key tiles give wrong outputs (max error 0.4 at 1x8x512x64)
     # as soon as a row sees two key tiles, with two consumers or three; one key tile, or 128-key tiles, or
-    # OVERLAP=1 are right. The cause is not found yet; D = 128 was not tried, so it is refused there too.
+    # OVERLAP=1 are right. D = 128 was not tried, so it is refused there too. The cause, read from the SASS
+    # (CUDA 13.0's ptxas): P's A fragments are packed into the very registers that hold Q, which is loaded once
+    # per work item, so the second key tile's Q·Kᵀ multiplies P by K. The PTX keeps the two apart, and an empty
+    # asm that keeps Q live through every step does not change the allocation: a ptxas miscompile, not fixed here.
     if not params["OVERLAP"] and 64 in (params["BLOCK_N"], params["BLOCK_N_D128"]):
         return ("OVERLAP=0 with 64-key tiles (BLOCK_N or BLOCK_N_D128 = 64) gives wrong results: a known "
                 "phase 9 bug, not fixed yet; use OVERLAP=1 or 128-key tiles")
     # Measured on the H100 the same way: without OVERLAP, the wide wgmmas give wrong outputs at D = 128 (max error
-    # 0.18-0.5) once a row sees two key tiles, and are right at D = 64. The two failing builds share a shape: Q·Kᵀ
-    # and P·V each one wgmma of the same width per slice (64 and 64 there, 128 and 128 here). Cause not found yet.
+    # 0.18-0.5) once a row sees two key tiles, and are right at D = 64. The same miscompile: the two failing builds
+    # share a shape, Q·Kᵀ and P·V each one wgmma of the same width per slice (64 and 64 there, 128 and 128 here),
+    # and in both the SASS packs P into Q's registers.
     if not params["OVERLAP"] and params["WIDE_WGMMA"]:
         return ("OVERLAP=0 with WIDE_WGMMA=1 gives wrong results at D=128: a known phase 9 bug, not fixed yet; "
                 "use OVERLAP=1, or WIDE_WGMMA=0 with OVERLAP=0")
