@@ -638,8 +638,9 @@ _REGISTRY = [
             variant("2 stages (D=64)", {"STAGES": 2}, "ablation"),
             variant("2 stages (D=128)", {"STAGES_D128": 2}, "ablation"),
             variant("64-key tiles", {"BLOCK_N": 64, "BLOCK_N_D128": 64}, "ablation", "test"),
-            # A candidate of `attention` for short rows at D = 128: twice the steps per work item, so the
-            # pipeline's first and last steps (a Q·Kᵀ alone, a P·V alone) weigh half as much.
+            # A candidate of `attention` for short rows at D = 128, made for the steps a work item once ran alone
+            # (its first Q·Kᵀ, its last P·V), which weigh half as much over twice the steps. The carry-over took
+            # most of those away; in the 6da0228 grid it still wins at 16x16x128x128 (one 128-key tile per item).
             variant("64-key tiles, 4 stages (D=128)", {"BLOCK_N_D128": 64, "STAGES_D128": 4}, "test", "sanitize",
                     candidate="64-key", head_dims=(128,)),
             # The CTA's shape at D = 64. A consumer gets 240 registers beside one other, 160 beside two: with
