@@ -37,8 +37,12 @@
 //              row's maximum rose by more than 2^8 (WarpgroupAttention's kSpeculationSlack) the warp computes its
 //              rows of the tile's scores again by mma.sync (K is still in its buffer) and takes the usual
 //              softmax; otherwise the running maximum stays and P reaches 2^8 at most. The row sums are then
-//              P·ones on the tensor cores, beside each P·V (P as rounded to 16 bits in both: the only change to
+//              P·ones on the tensor cores, with each P·V (P as rounded to 16 bits in both: the only change to
 //              the result, a rounding one);
+//   SUMS_AFTER_TURN=1 (with SPECULATE) the row sums' P·ones, eight narrow wgmmas (N = 8), are issued as a group of
+//              their own once the warpgroup has handed its turn over (PINGPONG), not beside P·V inside the turn:
+//              a turn lasts as long as its wgmmas take to issue, however little each computes, and the other
+//              warpgroups wait for it;
 //   WIDE_WGMMA=1 one wgmma per 16-wide slice of the reduction, as wide as the tile: N = BLOCK_N keys for Q·Kᵀ and
 //              N = D columns for P·V, where phase 8 issues one per 64 (two per slice at 128 keys or D = 128). A
 //              wider wgmma reads its A operand (Q or P) once for all N columns, and the step issues half the
@@ -46,9 +50,8 @@
 //   CARRY_OVER=1 (with OVERLAP) a work item's last P·V is not issued alone at the item's end but beside the next
 //              item's first Q·Kᵀ, in its first step, and the item's O is written there, once that P·V has
 //              landed: without it, each item starts with a Q·Kᵀ alone and ends with a P·V alone and its
-//              epilogue, and a persistent CTA's consumers idle at every item boundary (a third of an item's
-//              GPU time at 512 keys, D = 128). Not for rows that end before the item's last key tile (causal),
-//              whose buffers the producer needs back sooner;
+//              epilogue, and a persistent CTA's consumers idle at every item boundary. Not for rows that end
+//              before the item's last key tile (causal), whose buffers the producer needs back sooner;
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -136,6 +139,9 @@
 #ifndef SPECULATE
 #define SPECULATE 1
 #endif
+#ifndef SUMS_AFTER_TURN
+#define SUMS_AFTER_TURN 1
+#endif
 #ifndef WIDE_WGMMA
 #define WIDE_WGMMA 1
 #endif
@@ -146,31 +152,6 @@
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS -1
 #endif
-
-// S = Q·Kᵀ with both operands in shared memory (Q_IN_SHARED): Q's tile as TMA wrote it (`q_rows` rows per
-// 64-column box, this warpgroup's 64 rows from `q_base`), K's as issue_scores reads it. K-major A and B.
-template <typename Rows>
-__device__ __forceinline__ void issue_scores_shared_q(Rows& rows, uint32_t q_base, int q_rows, uint32_t k_base) {
-  constexpr int kBlockN = Rows::kKeyBlocks * 64;
-#pragma unroll
-  for (int j = 0; j < Rows::kKeyBlocks; ++j) fence_accumulators(rows.s[j]);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Rows::kKSteps; ++kk) {
-    const uint64_t q_descriptor = smem_descriptor_128b(q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32, 16);
-    if constexpr (WIDE_WGMMA) {
-      const uint64_t k_descriptor = smem_descriptor_128b(k_base + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16);
-      wgmma_ss<typename Rows::Element, kBlockN>(rows.scores(), q_descriptor, k_descriptor, kk > 0);
-    } else {
-#pragma unroll
-      for (int j = 0; j < Rows::kKeyBlocks; ++j) {
-        const uint32_t k_address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-        wgmma_ss<typename Rows::Element, 64>(rows.s[j], q_descriptor, smem_descriptor_128b(k_address, 16), kk > 0);
-      }
-    }
-  }
-  wgmma_commit();
-}
 
 // SPECULATE's rare path: this warp's 16 rows of S = Q·Kᵀ again, by mma.sync, warp by warp (so the warps of a
 // warpgroup need not agree to do it). Warp w's rows of a 64xN wgmma accumulator are the m16n8 tiles of
@@ -480,7 +461,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceScoresIssue, at.item, at.tile);
     const uint32_t k_base = smem_address(k_tiles + buffer(at.entry) * Cfg::kKvBytes);
     if constexpr (Cfg::kQInShared)
-      issue_scores_shared_q(rows, smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
+      rows.issue_scores_shared_q(smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
     else
       rows.issue_scores(k_base);
   };
@@ -491,9 +472,17 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.q_empty);
   };
+  // SPECULATE: the row sums of the P that P·V takes are P·ones, beside it or (SUMS_AFTER_TURN) in one more commit
+  // group, issued once the turn is handed over: the waits below then leave that many more groups running.
+  constexpr bool kSumsAfterTurn = SPECULATE && SUMS_AFTER_TURN;
+  constexpr int kSumGroups = kSumsAfterTurn ? 1 : 0;
   auto issue_values = [&](KeyTile at) {
     trace.stamp(kTraceValuesIssue, at.item, at.tile);
-    rows.issue_values(smem_address(v_tiles + buffer(at.entry) * Cfg::kKvBytes), ones_descriptor);
+    rows.template issue_values<SPECULATE && !kSumsAfterTurn>(smem_address(v_tiles + buffer(at.entry) * Cfg::kKvBytes),
+                                                             ones_descriptor);
+  };
+  auto issue_row_sums = [&]() {
+    if constexpr (kSumsAfterTurn) rows.issue_row_sums(ones_descriptor);
   };
   // After the wgmma_wait that covers them: the stamp is when the warpgroup saw them done.
   auto scores_landed = [&](KeyTile at) {
@@ -607,24 +596,26 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           softmax(0, correction, std::false_type{});   // O is still zero: no rescale
           rows.pack_probabilities();
         } else if (step == 0) {   // this item's first scores beside the last item's last P·V (my_tiles >= 1)
+          const KeyTile last = waiting_tile();
           wait_keys(key_tile(0));
           issue_scores(key_tile(0));
-          wait_values(waiting_tile());
-          issue_values(waiting_tile());
+          wait_values(last);
+          issue_values(last);
           hand_over_turn(items_done, step);
+          issue_row_sums();
           float correction[2];   // the first tile of its rows: no rescale
           if constexpr (SPECULATE) {   // the row sums are P·ones, beside O: the softmax runs while they land
-            wgmma_wait<1>();
+            wgmma_wait<1 + kSumGroups>();
             scores_landed(key_tile(0));
             softmax(0, correction, std::false_type{});
             wgmma_wait<0>();
-            output_landed(waiting_tile());
+            output_landed(last);
           } else {   // the softmax adds the row sums, and they are the last item's until its O is written
             wgmma_wait<0>();
             scores_landed(key_tile(0));
-            output_landed(waiting_tile());
+            output_landed(last);
           }
-          release(waiting_tile());
+          release(last);
           write_output(waiting_item(), items_done - 1);
           rows.reset_output();
           waiting = -1;
@@ -637,7 +628,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wait_values(key_tile(step - 1));
           issue_values(key_tile(step - 1));
           hand_over_turn(items_done, step);
-          wgmma_wait<1>();   // the scores (committed first) have landed; P·V may still run
+          issue_row_sums();
+          wgmma_wait<1 + kSumGroups>();   // the scores (committed first) have landed; P·V may still run
           scores_landed(key_tile(step));
           float correction[2];
           softmax(step, correction, std::bool_constant<SPECULATE>{});
@@ -659,6 +651,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wait_values(key_tile(step - 1));
           issue_values(key_tile(step - 1));
           hand_over_turn(items_done, step);
+          issue_row_sums();
           wgmma_wait<0>();
           output_landed(key_tile(step - 1));
           release(key_tile(step - 1));
@@ -699,12 +692,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   if constexpr (OVERLAP) {   // the last item's last P·V, in the turn every consumer takes after the last item
     take_turn(items_done - 1, -1);
     if (waiting >= 0) {
-      wait_values(waiting_tile());
-      issue_values(waiting_tile());
+      const KeyTile last = waiting_tile();
+      wait_values(last);
+      issue_values(last);
       if (consumer != kLastConsumer) hand_over_turn(items_done - 1, -1);
+      issue_row_sums();
       wgmma_wait<0>();
-      output_landed(waiting_tile());
-      release(waiting_tile());
+      output_landed(last);
+      release(last);
       write_output(waiting_item(), items_done - 1);
     } else if (consumer != kLastConsumer) {
       hand_over_turn(items_done - 1, -1);

@@ -50,6 +50,17 @@ struct WarpgroupAttention {
   __device__ __forceinline__ float (&scores())[kBlockN / 2] { return reinterpret_cast<float(&)[kBlockN / 2]>(s); }
   __device__ __forceinline__ float (&output())[kHeadDim / 2] { return reinterpret_cast<float(&)[kHeadDim / 2]>(o_acc); }
 
+  // K's k16 slice kk, keys from 64j on, in a K tile at `k_base` (64-column boxes of kBlockN rows).
+  static __device__ __forceinline__ uint64_t key_descriptor(uint32_t k_base, int kk, int j) {
+    return smem_descriptor_128b(k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32, 16);
+  }
+  // Before S's wgmmas: the accumulators stay put across them.
+  __device__ __forceinline__ void begin_scores() {
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
+    wgmma_fence();
+  }
+
   // O = 0 and no row seen yet: the start of a query tile.
   __device__ __forceinline__ void reset() {
     reset_maxima();
@@ -85,32 +96,45 @@ struct WarpgroupAttention {
   // S = Q·Kᵀ for the K tile at shared address `k_base`: for each k16 slice of D, one wgmma per 64 keys
   // (kWideWgmma: one for all kBlockN keys).
   __device__ __forceinline__ void issue_scores(uint32_t k_base) {
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) fence_accumulators(s[j]);
-    wgmma_fence();
+    begin_scores();
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (kWideWgmma) {
-        const uint32_t address = k_base + (kk / 4) * kBlockN * 128 + (kk % 4) * 32;
-        wgmma_rs<T, kBlockN, 0>(scores(), q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
+        wgmma_rs<T, kBlockN, 0>(scores(), q_frag[kk], key_descriptor(k_base, kk, 0), kk > 0);
       } else {
 #pragma unroll
-        for (int j = 0; j < kKeyBlocks; ++j) {
-          const uint32_t address = k_base + (kk / 4) * kBlockN * 128 + j * 64 * 128 + (kk % 4) * 32;
-          wgmma_rs<T, 64, 0>(s[j], q_frag[kk], smem_descriptor_128b(address, 16), kk > 0);
-        }
+        for (int j = 0; j < kKeyBlocks; ++j) wgmma_rs<T, 64, 0>(s[j], q_frag[kk], key_descriptor(k_base, kk, j), kk > 0);
+      }
+    }
+    wgmma_commit();
+  }
+
+  // The same with Q read from shared memory too (phase 9's Q_IN_SHARED; q_frag unused): Q's tile as TMA wrote it,
+  // `q_rows` rows per 64-column box, this warpgroup's 64 rows from `q_base`. K-major A and B.
+  __device__ __forceinline__ void issue_scores_shared_q(uint32_t q_base, int q_rows, uint32_t k_base) {
+    begin_scores();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint64_t q_descriptor = smem_descriptor_128b(q_base + (kk / 4) * q_rows * 128 + (kk % 4) * 32, 16);
+      if constexpr (kWideWgmma) {
+        wgmma_ss<T, kBlockN>(scores(), q_descriptor, key_descriptor(k_base, kk, 0), kk > 0);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kKeyBlocks; ++j) wgmma_ss<T, 64>(s[j], q_descriptor, key_descriptor(k_base, kk, j), kk > 0);
       }
     }
     wgmma_commit();
   }
 
   // O += P·V for the V tile at shared address `v_base`: for each k16 slice of the keys, one wgmma per
-  // 64 columns of D (kWideWgmma: one for all D columns); kTensorCoreSums: and the row sums += P·ones, `ones` the descriptor of a 16x8 (K-major)
-  // block of ones in shared memory.
+  // 64 columns of D (kWideWgmma: one for all D columns); kWithSums: and the row sums += P·ones in the same group,
+  // `ones` the descriptor of a 16x8 (K-major) block of ones in shared memory.
+  template <bool kWithSums = kTensorCoreSums>
   __device__ __forceinline__ void issue_values(uint32_t v_base, uint64_t ones = 0) {
+    static_assert(kTensorCoreSums || !kWithSums, "the row sums are P·ones only with kTensorCoreSums");
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j) fence_accumulators(o_acc[j]);
-    if constexpr (kTensorCoreSums) fence_accumulators(sum_acc);
+    if constexpr (kWithSums) fence_accumulators(sum_acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {
@@ -123,8 +147,19 @@ struct WarpgroupAttention {
           wgmma_rs<T, 64, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, kBlockN * 128), 1);
         }
       }
-      if constexpr (kTensorCoreSums) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
+      if constexpr (kWithSums) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
     }
+    wgmma_commit();
+  }
+
+  // kTensorCoreSums: the row sums += P·ones as a group of their own (issue_values<false> then left them out), so
+  // that a kernel can issue these narrow wgmmas later than P·V.
+  __device__ __forceinline__ void issue_row_sums(uint64_t ones) {
+    static_assert(kTensorCoreSums, "the row sums are P·ones only with kTensorCoreSums");
+    fence_accumulators(sum_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
     wgmma_commit();
   }
 
