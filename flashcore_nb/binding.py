@@ -77,7 +77,13 @@ def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> N
 def check_alignment_16b(name: str, tensor) -> None:
     """16-byte vector loads need 16-byte aligned rows: the base address and every stride."""
     elements = 16 // tensor.element_size()
-    if tensor.data_ptr() % 16 or any(stride % elements for stride in tensor.stride()[:3]):
+    # .contiguous() fixes the strides but returns a contiguous tensor as it is, base and all: a misaligned base
+    # (a view starting mid-row) needs a fresh copy.
+    if tensor.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
+                         f"multiples of {elements} elements); its data starts {tensor.data_ptr() % 16} bytes past a "
+                         f"16-byte boundary. Call {name}.clone() (or use a phase without vector loads)")
+    if any(stride % elements for stride in tensor.stride()[:3]):
         raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
                          f"multiples of {elements} elements); got strides {tensor.stride()}. "
                          f"Call {name}.contiguous() (or use a phase without vector loads)")

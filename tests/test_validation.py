@@ -107,6 +107,20 @@ def test_vector_phases_refuse_misaligned_rows():
     validate_problem(P01, misaligned, misaligned, misaligned, False, H100)  # scalar loads: fine
 
 
+def test_the_alignment_error_names_the_fix_that_works():
+    """.contiguous() fixes misaligned strides, not a misaligned base (a contiguous view returns itself): each
+    message names the call that fixes its case, and that call does."""
+    p02 = PHASES["p02_vectorized"]
+    strided = t(1, 2, 16, 68)[..., :64]                                 # base aligned, row stride 68
+    offset = t(2 * 16 * 64 + 1).view(-1)[1:].view(1, 2, 16, 64)         # contiguous, base 2 bytes off
+    for tensor, fix in ((strided, "contiguous"), (offset, "clone")):
+        with pytest.raises(ValueError, match=rf"16-byte aligned.*q\.{fix}\(\)"):
+            validate_problem(p02, tensor, tensor, tensor, False, H100)
+        fixed = getattr(tensor, fix)()
+        validate_problem(p02, fixed, fixed, fixed, False, H100)
+    assert offset.contiguous().data_ptr() == offset.data_ptr()   # why .contiguous() is not the fix there
+
+
 def test_a_gpu_too_old_for_a_phase_gets_the_record_with_the_reason(monkeypatch):
     from flashcore_nb import measure
     monkeypatch.setattr(flashcore_nb.env, "mode", lambda: "live")
