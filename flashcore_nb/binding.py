@@ -80,13 +80,14 @@ def check_alignment_16b(name: str, tensor) -> None:
     # .contiguous() fixes the strides but returns a contiguous tensor as it is, base and all: a misaligned base
     # (a view starting mid-row) needs a fresh copy.
     if tensor.data_ptr() % 16:
-        raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
-                         f"multiples of {elements} elements); its data starts {tensor.data_ptr() % 16} bytes past a "
-                         f"16-byte boundary. Call {name}.clone() (or use a phase without vector loads)")
-    if any(stride % elements for stride in tensor.stride()[:3]):
-        raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
-                         f"multiples of {elements} elements); got strides {tensor.stride()}. "
-                         f"Call {name}.contiguous() (or use a phase without vector loads)")
+        found, fix = f"its data starts {tensor.data_ptr() % 16} bytes past a 16-byte boundary", "clone"
+    elif any(stride % elements for stride in tensor.stride()[:3]):
+        found, fix = f"got strides {tensor.stride()}", "contiguous"
+    else:
+        return
+    raise ValueError(f"{name} must be 16-byte aligned (data_ptr % 16 == 0 and batch/head/row strides "
+                     f"multiples of {elements} elements); {found}. "
+                     f"Call {name}.{fix}() (or use a phase without vector loads)")
 
 
 class SharedMemoryError(ValueError):
