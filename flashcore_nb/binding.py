@@ -75,7 +75,7 @@ def validate_problem(phase: Phase, q, k, v, causal: bool, gpu: env.GpuInfo) -> N
 
 
 def check_alignment_16b(name: str, tensor) -> None:
-    """16-byte vector loads need 16-byte aligned rows: the base address and every stride."""
+    """16-byte vector loads (and stores) need 16-byte aligned rows: the base address and every stride."""
     elements = 16 // tensor.element_size()
     # .contiguous() fixes the strides but returns a contiguous tensor as it is, base and all: a misaligned base
     # (a view starting mid-row) needs a fresh copy.
@@ -108,7 +108,7 @@ def signature(q, k, v, causal, out):
                q.stride(), k.stride(), v.stride(),
                bool(causal), (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16)
         if out is not None:
-            key += (out.device, out.dtype, out.shape, out.stride())
+            key += (out.device, out.dtype, out.shape, out.stride(), out.data_ptr() % 16)
         return key
     except AttributeError:
         return None
@@ -122,6 +122,8 @@ def validate(module, phase: Phase, q, k, v, causal: bool, out) -> None:
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
                             or out.stride(3) != 1):
         raise ValueError("out must match q's shape, dtype and device, with a contiguous last dimension")
+    if out is not None and phase.aligned_16b:   # 16-byte stores of O (p08, and WIDE_STORES in p09 and p10)
+        check_alignment_16b("out", out)
     strides = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q.stride()[:3]]
     sizes = [q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]]
     needed = module.smem_bytes(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, strides, sizes, 1.0, bool(causal),

@@ -52,6 +52,8 @@
 //              landed: without it, each item starts with a Q·Kᵀ alone and ends with a P·V alone and its
 //              epilogue, and a persistent CTA's consumers idle at every item boundary. Not for rows that end
 //              before the item's last key tile (causal), whose buffers the producer needs back sooner;
+//   WIDE_STORES=1 O's epilogue stores 16 bytes per lane (a quad transposes its words first), whole 32-byte sectors
+//              per warp and row, not 4 bytes per lane, half sectors (WarpgroupAttention::store_output);
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
@@ -106,6 +108,9 @@
 #endif
 #ifndef STAGES_D128
 #define STAGES_D128 3
+#endif
+#ifndef WIDE_STORES
+#define WIDE_STORES 1
 #endif
 #ifndef OVERLAP
 #define OVERLAP 1
@@ -507,7 +512,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // written, once its last P·V has landed.
   const auto write_output = [&](const WorkItem& done, int number) {
     trace.stamp(kTraceEpilogueBegin, number);
-    rows.store_output(params, done.batch, done.head, done.first_row + consumer * 64 + warp * 16 + g, t);
+    const int first_row = done.first_row + consumer * 64 + warp * 16 + g;
+    rows.template store_output<WIDE_STORES>(params, done.batch, done.head, first_row, t);
     trace.stamp(kTraceEpilogueEnd, number);
   };
 

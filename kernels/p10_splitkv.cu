@@ -25,8 +25,9 @@
 // Switches: BLOCK_M (query rows per CTA, 16 per warp; BLOCK_M_D128 at D = 128), BLOCK_N, STAGES,
 // MAX_SPLITS (the largest cluster the heuristic picks; at most 8, the portable size), SPLITS (-1:
 // chosen from the SM count; N > 0: exactly N where clusters exist), WAVE_CTAS_PER_SM (the grid the
-// split may grow to, per SM). Defaults are the H100's; flashcore_nb/phases.py overrides them for
-// other GPUs.
+// split may grow to, per SM), WIDE_STORES (1: O leaves in 16-byte stores, a quad's words transposed
+// first where a lane holds two columns; 0: 4-byte stores, phase 7's epilogue). Defaults are the
+// H100's; flashcore_nb/phases.py overrides them for other GPUs.
 //
 // Measured, in results/nvidia-h100-80gb-hbm3/: p10_splitkv.json; each switch changed in turn,
 // experiments/p10_splitkv_ablations.json; chapter 10.
@@ -39,6 +40,7 @@
 #include "common/async_copy.cuh"
 #include "common/cluster.cuh"
 #include "common/dispatch.cuh"
+#include "common/fragment_store.cuh"
 #include "common/launch.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
@@ -66,6 +68,9 @@
 #endif
 #ifndef WAVE_CTAS_PER_SM
 #define WAVE_CTAS_PER_SM 1
+#endif
+#ifndef WIDE_STORES
+#define WIDE_STORES 1
 #endif
 
 static_assert(MAX_SPLITS >= 1 && MAX_SPLITS <= 8, "MAX_SPLITS: 1..8 CTAs per cluster (the portable limit)");
@@ -247,16 +252,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads) attention_splitkv_k
   }
 
   if constexpr (!kClustered) {
-    // The whole key range was this CTA's: normalise and write the rows that exist.
+    // The whole key range was this CTA's: normalise and write the rows that exist (common/fragment_store.cuh).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float inv_sum = 1.f / quad_sum(row_sum[h]);   // every lane joins the shuffle
       const int query = first_row + g + h * 8;
-      if (query >= seqlen_q) continue;
-      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query);
-#pragma unroll
-      for (int d = 0; d < kDTiles; ++d)
-        *reinterpret_cast<uint32_t*>(o + d * 8 + 2 * t) = pack2<T>(o_acc[d][2 * h] * inv_sum, o_acc[d][2 * h + 1] * inv_sum);
+      T* o = query < seqlen_q ? row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query) : nullptr;
+      store_fragment_row<WIDE_STORES, kDTiles>(o, t, [&](int d) {
+        return pack2<T>(o_acc[d][2 * h] * inv_sum, o_acc[d][2 * h + 1] * inv_sum);
+      });
     }
   } else {
 #if __CUDA_ARCH__ >= 900
@@ -303,8 +307,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads) attention_splitkv_k
       if (query < seqlen_q) {
         const float inv_sum = 1.f / sum_all;
         T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, query) + col;
+        uint32_t words[4];
 #pragma unroll
-        for (int c = 0; c < 8; c += 2) *reinterpret_cast<uint32_t*>(o + c) = pack2<T>(acc[c] * inv_sum, acc[c + 1] * inv_sum);
+        for (int c = 0; c < 4; ++c) words[c] = pack2<T>(acc[2 * c] * inv_sum, acc[2 * c + 1] * inv_sum);
+        if (WIDE_STORES) {
+          *reinterpret_cast<uint4*>(o) = make_uint4(words[0], words[1], words[2], words[3]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) *reinterpret_cast<uint32_t*>(o + 2 * c) = words[c];
+        }
       }
     }
 #endif

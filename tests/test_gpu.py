@@ -321,6 +321,22 @@ def test_the_operator_checks_what_keeps_a_launch_safe(cuda):
     torch.testing.assert_close(op(q, k, v, False, 0.125, fn.handle), fn(q, k, v), rtol=0, atol=0)
 
 
+def test_a_misaligned_out_is_refused_before_the_16_byte_stores(cuda):
+    """p08's, p09's and p10's epilogues store 16 bytes per lane: an `out` whose rows are not 16-byte aligned gets a
+    clear error, from Python's validation and from the operator's C++ checks (behind torch.compile), never a fault."""
+    fn = flashcore_nb.load("p09_warpspec")
+    q, k, v = make_inputs(Case("out", 1, 2, 64, 64))
+    buffer = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)
+    misaligned = buffer[1:].view(q.shape)   # 2 bytes off
+    with pytest.raises(ValueError, match="out must be 16-byte aligned"):
+        fn(q, k, v, out=misaligned)
+    with pytest.raises(RuntimeError, match="out must be 16-byte aligned"):
+        torch.ops.flashcore.attention_out(q, k, v, misaligned, False, 0.125, fn.handle)
+    torch.cuda.synchronize()
+    aligned = torch.empty_like(q)
+    torch.testing.assert_close(fn(q, k, v, out=aligned), fn(q, k, v), rtol=0, atol=0)
+
+
 def test_cuda_graph_replays_with_new_inputs(cuda):
     fn = flashcore_nb.load("p07_registers")
     case = Case("graph", 1, 8, 512, 64)

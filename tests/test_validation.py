@@ -152,6 +152,7 @@ def test_the_validation_cache_key_changes_with_everything_validation_reads():
         "k's device": signature(q, q.to("meta"), q, False, None),
         "out": signature(q, q, q, False, q.clone()),
     }
+    assert signature(q, q, q, False, misaligned) != signature(q, q, q, False, q.clone()), "out's alignment"
     for what, key in others.items():
         assert key != base, what
     assert signature(q, q, q, False, None) == base

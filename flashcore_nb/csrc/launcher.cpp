@@ -141,6 +141,12 @@ void attention_out_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
   FLASHCORE_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
                         out.stride(3) == 1,
                     "out must match q's shape, dtype and device, with a contiguous last dimension");
+  if (entry.aligned_16b) {   // 16-byte stores of O (p08, and WIDE_STORES in p09 and p10)
+    const int64_t elements = 16 / out.element_size();
+    FLASHCORE_CHECK(reinterpret_cast<std::uintptr_t>(out.data_ptr()) % 16 == 0 && out.stride(0) % elements == 0 &&
+                          out.stride(1) % elements == 0 && out.stride(2) % elements == 0,
+                      "out must be 16-byte aligned (data_ptr and batch/head/row strides)");
+  }
   launch(entry, q, k, v, out, causal, scale);
 }
 

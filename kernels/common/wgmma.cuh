@@ -87,41 +87,40 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n{" ACC "},\n" TAIL ";\n}\n" \
                : __VA_ARGS__                                                                      \
                : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate))
+// The asm's type is part of its string literal: each wgmma spelled for T = __half ("f16") and __nv_bfloat16.
+#define FC_WGMMA_TYPED(WGMMA, SHAPE, ...)       \
+  if constexpr (std::is_same_v<T, __half>) {    \
+    WGMMA(SHAPE, "f16", __VA_ARGS__);           \
+  } else {                                      \
+    WGMMA(SHAPE, "bf16", __VA_ARGS__);          \
+  }
 
 // D (64xN) = A (64x16, registers) · B (16xN, shared memory) + (accumulate ? D : 0), fp32 accumulate, one
-// instruction for N = 64, 128, 192 or 256 (a wider wgmma reads A once for all N columns).
+// instruction for N = 8, 64, 128, 192 or 256 (a wider wgmma reads A once for all N columns; N = 8 is phase 9's
+// row sums, P·ones).
 // kTransposeB = 0: B's rows in shared memory are its columns (K-major: Kᵀ from K's rows);
 // kTransposeB = 1: they are its rows (MN-major: V as stored).
 template <typename T, int N, int kTransposeB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_descriptor,
                                          int accumulate) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N = 64, 128, 192 or 256");
-  constexpr bool kHalf = std::is_same_v<T, __half>;
-  if constexpr (N == 64 && kHalf) {
-    FC_WGMMA_RS("m64n64k16", "f16", FC_WGMMA_ACC32, "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37", "%38",
-                FC_WGMMA_D32(0));
+  static_assert(N == 8 || N == 64 || N == 128 || N == 192 || N == 256, "N = 8, 64, 128, 192 or 256");
+  if constexpr (N == 8) {
+    FC_WGMMA_TYPED(FC_WGMMA_RS, "m64n8k16", "%0, %1, %2, %3", "{%4, %5, %6, %7}, %8, accumulate, 1, 1, %9", "%10",
+                   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]))
   } else if constexpr (N == 64) {
-    FC_WGMMA_RS("m64n64k16", "bf16", FC_WGMMA_ACC32, "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37", "%38",
-                FC_WGMMA_D32(0));
-  } else if constexpr (N == 128 && kHalf) {
-    FC_WGMMA_RS("m64n128k16", "f16", FC_WGMMA_ACC64, "{%64, %65, %66, %67}, %68, accumulate, 1, 1, %69", "%70",
-                FC_WGMMA_D32(0), FC_WGMMA_D32(32));
+    FC_WGMMA_TYPED(FC_WGMMA_RS, "m64n64k16", FC_WGMMA_ACC32, "{%32, %33, %34, %35}, %36, accumulate, 1, 1, %37",
+                   "%38", FC_WGMMA_D32(0))
   } else if constexpr (N == 128) {
-    FC_WGMMA_RS("m64n128k16", "bf16", FC_WGMMA_ACC64, "{%64, %65, %66, %67}, %68, accumulate, 1, 1, %69", "%70",
-                FC_WGMMA_D32(0), FC_WGMMA_D32(32));
-  } else if constexpr (N == 192 && kHalf) {
-    FC_WGMMA_RS("m64n192k16", "f16", FC_WGMMA_ACC96, "{%96, %97, %98, %99}, %100, accumulate, 1, 1, %101", "%102",
-                FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+    FC_WGMMA_TYPED(FC_WGMMA_RS, "m64n128k16", FC_WGMMA_ACC64, "{%64, %65, %66, %67}, %68, accumulate, 1, 1, %69",
+                   "%70", FC_WGMMA_D32(0), FC_WGMMA_D32(32))
   } else if constexpr (N == 192) {
-    FC_WGMMA_RS("m64n192k16", "bf16", FC_WGMMA_ACC96, "{%96, %97, %98, %99}, %100, accumulate, 1, 1, %101", "%102",
-                FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64));
-  } else if constexpr (kHalf) {
-    FC_WGMMA_RS("m64n256k16", "f16", FC_WGMMA_ACC128, "{%128, %129, %130, %131}, %132, accumulate, 1, 1, %133",
-                "%134", FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+    FC_WGMMA_TYPED(FC_WGMMA_RS, "m64n192k16", FC_WGMMA_ACC96, "{%96, %97, %98, %99}, %100, accumulate, 1, 1, %101",
+                   "%102", FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64))
   } else {
-    FC_WGMMA_RS("m64n256k16", "bf16", FC_WGMMA_ACC128, "{%128, %129, %130, %131}, %132, accumulate, 1, 1, %133",
-                "%134", FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+    FC_WGMMA_TYPED(FC_WGMMA_RS, "m64n256k16", FC_WGMMA_ACC128,
+                   "{%128, %129, %130, %131}, %132, accumulate, 1, 1, %133", "%134", FC_WGMMA_D32(0),
+                   FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96))
   }
 }
 
@@ -131,31 +130,21 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_descripto
                                          int accumulate) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
   static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N = 64, 128, 192 or 256");
-  constexpr bool kHalf = std::is_same_v<T, __half>;
-  if constexpr (N == 64 && kHalf) {
-    FC_WGMMA_SS("m64n64k16", "f16", FC_WGMMA_ACC32, "%32, %33, accumulate, 1, 1, 0, 0", "%34", FC_WGMMA_D32(0));
-  } else if constexpr (N == 64) {
-    FC_WGMMA_SS("m64n64k16", "bf16", FC_WGMMA_ACC32, "%32, %33, accumulate, 1, 1, 0, 0", "%34", FC_WGMMA_D32(0));
-  } else if constexpr (N == 128 && kHalf) {
-    FC_WGMMA_SS("m64n128k16", "f16", FC_WGMMA_ACC64, "%64, %65, accumulate, 1, 1, 0, 0", "%66", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32));
+  if constexpr (N == 64) {
+    FC_WGMMA_TYPED(FC_WGMMA_SS, "m64n64k16", FC_WGMMA_ACC32, "%32, %33, accumulate, 1, 1, 0, 0", "%34",
+                   FC_WGMMA_D32(0))
   } else if constexpr (N == 128) {
-    FC_WGMMA_SS("m64n128k16", "bf16", FC_WGMMA_ACC64, "%64, %65, accumulate, 1, 1, 0, 0", "%66", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32));
-  } else if constexpr (N == 192 && kHalf) {
-    FC_WGMMA_SS("m64n192k16", "f16", FC_WGMMA_ACC96, "%96, %97, accumulate, 1, 1, 0, 0", "%98", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32), FC_WGMMA_D32(64));
+    FC_WGMMA_TYPED(FC_WGMMA_SS, "m64n128k16", FC_WGMMA_ACC64, "%64, %65, accumulate, 1, 1, 0, 0", "%66",
+                   FC_WGMMA_D32(0), FC_WGMMA_D32(32))
   } else if constexpr (N == 192) {
-    FC_WGMMA_SS("m64n192k16", "bf16", FC_WGMMA_ACC96, "%96, %97, accumulate, 1, 1, 0, 0", "%98", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32), FC_WGMMA_D32(64));
-  } else if constexpr (kHalf) {
-    FC_WGMMA_SS("m64n256k16", "f16", FC_WGMMA_ACC128, "%128, %129, accumulate, 1, 1, 0, 0", "%130", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+    FC_WGMMA_TYPED(FC_WGMMA_SS, "m64n192k16", FC_WGMMA_ACC96, "%96, %97, accumulate, 1, 1, 0, 0", "%98",
+                   FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64))
   } else {
-    FC_WGMMA_SS("m64n256k16", "bf16", FC_WGMMA_ACC128, "%128, %129, accumulate, 1, 1, 0, 0", "%130", FC_WGMMA_D32(0),
-                FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96));
+    FC_WGMMA_TYPED(FC_WGMMA_SS, "m64n256k16", FC_WGMMA_ACC128, "%128, %129, accumulate, 1, 1, 0, 0", "%130",
+                   FC_WGMMA_D32(0), FC_WGMMA_D32(32), FC_WGMMA_D32(64), FC_WGMMA_D32(96))
   }
 }
+#undef FC_WGMMA_TYPED
 #undef FC_WGMMA_SS
 #undef FC_WGMMA_RS
 #undef FC_WGMMA_ACC128
@@ -164,22 +153,3 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_descripto
 #undef FC_WGMMA_ACC32
 #undef FC_WGMMA_D32
 #undef FC_WGMMA_D8
-
-#define FC_WGMMA_M64N8K16_RS(TYPE)                                                                     \
-  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %9, 0;\n"                          \
-               "wgmma.mma_async.sync.aligned.m64n8k16.f32." TYPE "." TYPE                               \
-               " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, accumulate, 1, 1, 0;\n}\n"                     \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor), "r"(1))
-
-// D (64x8) += A (64x16, registers) · B (16x8, shared memory, K-major), fp32 accumulate.
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t b_descriptor) {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16 only");
-  if constexpr (std::is_same_v<T, __half>) {
-    FC_WGMMA_M64N8K16_RS("f16");
-  } else {
-    FC_WGMMA_M64N8K16_RS("bf16");
-  }
-}
-#undef FC_WGMMA_M64N8K16_RS

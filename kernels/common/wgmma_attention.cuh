@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/fragment_store.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "common/params.cuh"
@@ -147,7 +148,7 @@ struct WarpgroupAttention {
           wgmma_rs<T, 64, 1>(o_acc[j], p_frag[kk], smem_descriptor_128b(address, kBlockN * 128), 1);
         }
       }
-      if constexpr (kWithSums) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
+      if constexpr (kWithSums) wgmma_rs<T, 8, 0>(sum_acc, p_frag[kk], ones, 1);
     }
     wgmma_commit();
   }
@@ -159,7 +160,7 @@ struct WarpgroupAttention {
     fence_accumulators(sum_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) wgmma_m64n8k16<T>(sum_acc, p_frag[kk], ones);
+    for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs<T, 8, 0>(sum_acc, p_frag[kk], ones, 1);
     wgmma_commit();
   }
 
@@ -280,22 +281,19 @@ struct WarpgroupAttention {
     }
   }
 
-  // Epilogue: the quad's row sums, normalise, write this lane's rows of (batch, head) that exist, two
-  // columns per store.
+  // Epilogue: the quad's row sums, normalise, write this lane's rows of (batch, head) that exist, 16 bytes per
+  // store after a quad transpose (kWideStores) or 4 (common/fragment_store.cuh).
+  template <bool kWideStores = true>
   __device__ __forceinline__ void store_output(const FlashParams& params, int batch, int head, int warp_row, int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // (quad_sum: every lane joins the shuffle)
       const float inv_sum = 1.f / (kTensorCoreSums ? sum_acc[2 * h] : quad_sum(row_sum[h]));
       const int row = warp_row + h * 8;
-      if (row >= params.seqlen_q) continue;
-      T* o = row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row);
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-          *reinterpret_cast<uint32_t*>(o + j * 64 + c * 8 + 2 * t) =
-              pack2<T>(o_acc[j][4 * c + 2 * h] * inv_sum, o_acc[j][4 * c + 2 * h + 1] * inv_sum);
+      T* o = row < params.seqlen_q ? row_ptr(static_cast<T*>(params.o), params.o_strides, batch, head, row) : nullptr;
+      store_fragment_row<kWideStores, kDBlocks * 8>(o, t, [&](int c) {
+        return pack2<T>(o_acc[c / 8][4 * (c % 8) + 2 * h] * inv_sum, o_acc[c / 8][4 * (c % 8) + 2 * h + 1] * inv_sum);
+      });
     }
   }
 };
