@@ -122,7 +122,7 @@ def validate(module, phase: Phase, q, k, v, causal: bool, out) -> None:
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
                             or out.stride(3) != 1):
         raise ValueError("out must match q's shape, dtype and device, with a contiguous last dimension")
-    if out is not None and phase.aligned_16b:   # 16-byte stores of O (p08, and WIDE_STORES in p09 and p10)
+    if out is not None and phase.aligned_16b:   # O's rows: p08-p10 store 16 bytes per lane, the others 4
         check_alignment_16b("out", out)
     strides = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q.stride()[:3]]
     sizes = [q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]]

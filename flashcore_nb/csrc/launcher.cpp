@@ -66,18 +66,21 @@ int64_t register_phase(int64_t forward, int64_t head_dims_mask, bool causal, boo
   return static_cast<int64_t>(registry.size()) - 1;
 }
 
+// Every row of a (batch, heads, seq_len, head_dim) tensor starts on a 16-byte boundary: the base and the strides.
+bool rows_aligned_16b(const at::Tensor& t) {
+  const int64_t elements = 16 / t.element_size();
+  return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % elements == 0 &&
+         t.stride(1) % elements == 0 && t.stride(2) % elements == 0;
+}
+
 void check_inputs(const PhaseEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   for (const at::Tensor* t : {&q, &k, &v}) {
     FLASHCORE_CHECK(t->is_cuda() && t->device() == q.device(), "q, k, v must be CUDA tensors on one device");
     FLASHCORE_CHECK(t->dim() == 4, "q, k, v must have rank 4 (batch, heads, seq_len, head_dim)");
     FLASHCORE_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
     FLASHCORE_CHECK(t->stride(3) == 1, "the last dimension of q, k, v must be contiguous (stride 1)");
-    if (entry.aligned_16b) {
-      const int64_t elements = 16 / t->element_size();
-      FLASHCORE_CHECK(reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0 && t->stride(0) % elements == 0 &&
-                            t->stride(1) % elements == 0 && t->stride(2) % elements == 0,
-                        "q, k, v must be 16-byte aligned (data_ptr and batch/head/row strides)");
-    }
+    FLASHCORE_CHECK(!entry.aligned_16b || rows_aligned_16b(*t),
+                    "q, k, v must be 16-byte aligned (data_ptr and batch/head/row strides)");
   }
   FLASHCORE_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "dtype must be float16 or bfloat16");
   FLASHCORE_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
@@ -141,12 +144,9 @@ void attention_out_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
   FLASHCORE_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.device() == q.device() &&
                         out.stride(3) == 1,
                     "out must match q's shape, dtype and device, with a contiguous last dimension");
-  if (entry.aligned_16b) {   // 16-byte stores of O (p08, and WIDE_STORES in p09 and p10)
-    const int64_t elements = 16 / out.element_size();
-    FLASHCORE_CHECK(reinterpret_cast<std::uintptr_t>(out.data_ptr()) % 16 == 0 && out.stride(0) % elements == 0 &&
-                          out.stride(1) % elements == 0 && out.stride(2) % elements == 0,
-                      "out must be 16-byte aligned (data_ptr and batch/head/row strides)");
-  }
+  // O's rows too: p08-p10 store 16 bytes per lane, the others 4 (2-byte-aligned rows would fault either way)
+  FLASHCORE_CHECK(!entry.aligned_16b || rows_aligned_16b(out),
+                  "out must be 16-byte aligned (data_ptr and batch/head/row strides)");
   launch(entry, q, k, v, out, causal, scale);
 }
 
