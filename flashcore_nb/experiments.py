@@ -197,13 +197,15 @@ def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str
 EXPERIMENT_ROUNDS = 5   # interleaved rounds per configuration and case (bench.py)
 
 
-def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, references: dict | None = None) -> dict:
+def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, references: dict | None = None,
+                     peer_cases: tuple[str, ...] = ()) -> dict:
     """Check and time one configuration already known to compile, SDPA default beside it in the same
     interleaved rounds, and the `references` (label -> built fn: an ablation's defaults, a rung's previous
-    rung), each with its paired ratio `<case>_vs_<label>`."""
+    rung), each with its paired ratio `<case>_vs_<label>`; at `peer_cases` the Triton peer too
+    (`<case>_triton_us`, `<case>_vs_triton`)."""
     import torch
 
-    from .bench import compare, paired_ratio
+    from .bench import TRITON, compare, paired_ratio
     from .binding import SharedMemoryError, load as load_phase
     from .check import check
     fn = load_phase(phase_name, **params)
@@ -217,7 +219,8 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, r
         return {**row, "status": "incorrect", "message": f"failed on {', '.join(failed)}"}
     references = references or {}
     for case in timing_cases:
-        timings = compare({"config": fn, **references}, case, ("sdpa_default",), rounds=EXPERIMENT_ROUNDS)
+        baselines = ("sdpa_default", TRITON) if case.name in peer_cases else ("sdpa_default",)
+        timings = compare({"config": fn, **references}, case, baselines, rounds=EXPERIMENT_ROUNDS)
         ours, sdpa = timings["config"], timings["sdpa_default"]
         row[f"{case.name}_us"] = ours["gpu_us"]
         row[f"{case.name}_spread_us"] = [ours["gpu_us_min"], ours["gpu_us_max"]]
@@ -225,16 +228,20 @@ def run_sweep_config(phase_name: str, params: dict, check_cases, timing_cases, r
         row[f"{case.name}_vs_sdpa"] = paired_ratio(ours, sdpa)
         for label in references:
             row[f"{case.name}_vs_{label}"] = paired_ratio(ours, timings[label])
+        if TRITON in timings:
+            row[f"{case.name}_triton_us"] = timings[TRITON]["gpu_us"]
+            row[f"{case.name}_vs_triton"] = paired_ratio(ours, timings[TRITON])
         row[f"{case.name}_sm_clock_mhz"] = timings["sm_clock_mhz"]
     return row
 
 
 def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print, check_names=SWEEP_CHECK_CASES,
               timing_names=SWEEP_TIMING_CASES, against_defaults: bool = False,
-              against_previous: bool = False) -> tuple[list[dict], dict]:
+              against_previous: bool = False, peer_names: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
     """Every configuration checked and timed (see run_sweep_config), against the phase's defaults and
-    against the configuration before it (where that one ran) if asked; also returns SDPA default's median
-    GPU time per case over all of the configurations' rounds, for labels."""
+    against the configuration before it (where that one ran) if asked, and beside the Triton peer at
+    `peer_names`; also returns SDPA default's median GPU time per case over all of the configurations'
+    rounds, for labels."""
     import statistics
 
     from .binding import load as load_phase
@@ -252,7 +259,7 @@ def run_sweep(phase_name: str, configs: list[dict] | None = None, progress=print
         if label in failures:
             row = {**params, "status": "does not compile", "message": failures[label]}
         else:
-            row = run_sweep_config(phase_name, params, check_cases, timing_cases, references)
+            row = run_sweep_config(phase_name, params, check_cases, timing_cases, references, peer_names)
         progress(f"{label}: {row['status']}" + (f", mission {row['mission_us']:.1f} µs" if "mission_us" in row else ""))
         rows.append(row)
     sdpa = {f"sdpa_{case.name}_us": statistics.median(row[f"{case.name}_sdpa_us"] for row in rows if row["status"] == "ok")
@@ -276,11 +283,13 @@ def variant_timing_cases(phase_name: str, tag: str) -> tuple[str, ...]:
 
 def record_variants(phase_name: str, tag: str, root: Path = RESULTS_DIR) -> Path:
     """The phase's variants with this tag (VARIANTS), in registry order, each checked and timed against the
-    defaults, and each rung against the rung before it too."""
+    defaults, and each rung against the rung before it too. The ablation's own cases are in no phase record,
+    so there the Triton peer is timed beside each variant too."""
     variants = VARIANTS[tag][phase_name]
     rows, sdpa = run_sweep(phase_name, list(variants.values()), check_names=VARIANT_CHECK_CASES,
                            timing_names=variant_timing_cases(phase_name, tag), against_defaults=True,
-                           against_previous=tag == "rung")
+                           against_previous=tag == "rung",
+                           peer_names=PHASES[phase_name].ablation_cases if tag == "ablation" else ())
     for variant, row in zip(variants, rows):
         row["variant"] = variant
     record = make_record(variants_name(phase_name, tag), phase_name, variants, rows)

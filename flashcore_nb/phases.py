@@ -606,12 +606,14 @@ _REGISTRY = [
         # The work order: a counter hands out the items (DYNAMIC), causal heads in groups (CAUSAL_GROUP_MB) that
         # keep K and V in L2 where all heads' would overflow it (16 x 16 x 2048 x 128 causal: 0.61x SDPA default's
         # speed before, the grid's worst; 0.92x with them).
+        # The carry-over (an item's last P·V beside the next item's first Q·Kᵀ) was a default until the wide stores
+        # of O: the ablation at 41349ab measured it costing 1.5-5.9% at every shape, so it is off, and a variant.
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
         tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
-                     "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 1, "WIDE_STORES": 1, "TRACE": 0},
+                     "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -629,7 +631,7 @@ _REGISTRY = [
             variant("row sums inside the turn", {"SUMS_AFTER_TURN": 0}, "ablation", "test", "sanitize"),
             variant("4-byte stores of O", {"WIDE_STORES": 0}, "ablation", "test", "sanitize"),
             variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
-            variant("no carry-over between work items", {"CARRY_OVER": 0}, "ablation", "test", "sanitize"),
+            variant("carry-over between work items", {"CARRY_OVER": 1}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", _NO_OVERLAP, "ablation", "test", "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
             variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
@@ -651,6 +653,11 @@ _REGISTRY = [
             variant("three consumers, Q from shared memory (D=64)", {"CONSUMERS": 3, "Q_IN_SHARED": 1}, "ablation",
                     "test", "sanitize", candidate="192-row", head_dims=(64,)),
             variant("two consumers, Q from shared memory (D=64)", {"Q_IN_SHARED": 1}, "ablation"),
+            # One consumer, 64 query rows per CTA, at both head dims: twice the CTAs of the defaults, for problems
+            # whose 128-row items leave SMs idle (1 x 16 x 512 makes 64 of them on 132 SMs). No ping-pong (no one to
+            # take turns with) and no register split (256 threads may each have 255). A candidate of `attention`.
+            variant("one consumer (64-row work items)", {"CONSUMERS": 1, "CONSUMERS_D128": 1}, "ablation", "test",
+                    "sanitize", candidate="64-row"),
             variant("three consumers, Q in registers, 64-key tiles (D=64)", {"CONSUMERS": 3, "BLOCK_N": 64},
                     "ablation", "test"),
             variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
@@ -671,7 +678,7 @@ _REGISTRY = [
             # OVERLAP, 64-key tiles are refused: _p09_refuses)
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
-            variant("no carry-over (TRACE=1)", {"TRACE": 1, "CARRY_OVER": 0}, "trace"),
+            variant("carry-over (TRACE=1)", {"TRACE": 1, "CARRY_OVER": 1}, "trace"),
             variant("row sums inside the turn (TRACE=1)", {"TRACE": 1, "SUMS_AFTER_TURN": 0}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
             variant("no ping-pong, no overlap (TRACE=1)", {**_NO_OVERLAP, "TRACE": 1}, "trace"),

@@ -51,7 +51,8 @@
 //              item's first Q·Kᵀ, in its first step, and the item's O is written there, once that P·V has
 //              landed: without it, each item starts with a Q·Kᵀ alone and ends with a P·V alone and its
 //              epilogue, and a persistent CTA's consumers idle at every item boundary. Not for rows that end
-//              before the item's last key tile (causal), whose buffers the producer needs back sooner;
+//              before the item's last key tile (causal), whose buffers the producer needs back sooner. Off by
+//              default: since the 16-byte stores of O it measures slower at every timing shape (chapter 9);
 //   WIDE_STORES=1 O's epilogue stores 16 bytes per lane (a quad transposes its words first), whole 32-byte sectors
 //              per warp and row, not 4 bytes per lane, half sectors (WarpgroupAttention::store_output);
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
@@ -70,7 +71,8 @@
 // STAGES_D128 for D = 128. A CTA holds CONSUMERS x 64 query rows. The defaults are for large problems
 // (chapter 9's ablation): two consumers with Q in registers, 128 query rows per CTA, at both head dims (three
 // at D = 64 read Q from shared memory to fit their registers, a candidate of `attention`; at D = 128 three fit
-// only on 64-key tiles).
+// only on 64-key tiles). One consumer (64 rows per CTA, no ping-pong, no register split) doubles the CTAs of a
+// problem too small to fill the GPU: another candidate.
 //
 // Knowingly does not support: any GPU but sm_90 (wgmma, setmaxnreg: sm_90a); head dims other than 64
 // and 128; inputs not aligned to 16 bytes (TMA needs 16-byte aligned bases and strides).
@@ -151,7 +153,7 @@
 #define WIDE_WGMMA 1
 #endif
 #ifndef CARRY_OVER
-#define CARRY_OVER 1
+#define CARRY_OVER 0
 #endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
@@ -202,10 +204,12 @@ struct Tiles {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
   static constexpr int kStages = kHeadDim == 128 ? STAGES_D128 : STAGES;
-  static constexpr bool kPingPong = PINGPONG;
+  static constexpr bool kPingPong = PINGPONG && kConsumers > 1;   // one consumer has no one to take turns with
   // Registers per thread: every thread starts with 65536 / kThreads (rounded down to a multiple of 8,
   // ptxas's cap under __launch_bounds__(kThreads, 1)); the producer gives all but 24 back and the
-  // consumers share what it freed.
+  // consumers share what it freed. One consumer (256 threads) needs no split: ptxas may give every thread
+  // the 255 a thread can have.
+  static constexpr bool kSplitRegisters = kConsumers > 1;
   static constexpr int kStartRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters =
@@ -221,8 +225,8 @@ struct Tiles {
   static constexpr int kSmemBytes =
       kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kBarrierBytes + 1024;   // + room to align
 
-  static_assert(kConsumers == 2 || kConsumers == 3,
-                "CONSUMERS(_D128) must be 2 or 3 (64 query rows each; the register split assumes 3 or 4 warpgroups)");
+  static_assert(kConsumers >= 1 && kConsumers <= 3,
+                "CONSUMERS(_D128) must be 1, 2 or 3 (64 query rows each)");
   static_assert(kBlockN % 64 == 0 && kBlockN >= 64 && kBlockN <= 256,
                 "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys, a TMA box at most 256 rows");
   static_assert(kStages >= 2, "STAGES: the producer fills one buffer while the consumers read another");
@@ -357,7 +361,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   __syncthreads();
 
   if (warpgroup == 0) {   // the producer
-    setmaxnreg_dec<Cfg::kProducerRegisters>();
+    if constexpr (Cfg::kSplitRegisters) setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
       TraceRecorder trace(0, true);   // TRACE=1 only: the issuing thread records
       trace.begin();
@@ -415,7 +419,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   }
 
   // --- the consumers -------------------------------------------------------------------------------
-  setmaxnreg_inc<Cfg::kConsumerRegisters>();
+  if constexpr (Cfg::kSplitRegisters) setmaxnreg_inc<Cfg::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
