@@ -129,6 +129,10 @@ def test_ablation_record_covers_every_variant(phase_name):
     for case in cases:
         ratio = table[f"{case} vs defaults"].iloc[0]
         assert abs(ratio - 1.0) < 0.05, (case, ratio)
+    # the phase's own ablation cases are in no phase record: the Triton peer is timed beside every variant there
+    for row in record["rows"]:
+        for case in experiments.PHASES[phase_name].ablation_cases:
+            assert row[f"{case}_triton_us"] > 0 and row[f"{case}_vs_triton"] > 0, (row["variant"], case)
 
 
 def test_key_split_record_supports_chapter_7():
@@ -193,8 +197,8 @@ def _fake_sweep(monkeypatch):
     monkeypatch.setattr(experiments, "prebuild_all", lambda phase_name, configs, cc: {})
     monkeypatch.setattr(binding, "load", lambda phase_name, **defines: dict(defines))
 
-    def config(phase_name, params, check_cases, timing_cases, references):
-        return {**params, "status": "ok", "references": references,
+    def config(phase_name, params, check_cases, timing_cases, references, peer_cases=()):
+        return {**params, "status": "ok", "references": references, "peer_cases": peer_cases,
                 **{f"{case.name}_sdpa_us": 1.0 for case in timing_cases}}
     monkeypatch.setattr(experiments, "run_sweep_config", config)
 
@@ -207,8 +211,10 @@ def test_each_rung_is_timed_against_the_defaults_and_the_rung_before(monkeypatch
     assert rows[0]["references"] == {"defaults": {}}
     for previous, row in zip(configs, rows[1:]):
         assert row["references"] == {"defaults": {}, "previous": previous}
-    ablations, _ = experiments.run_sweep("p07_registers", configs, progress=lambda line: None, against_defaults=True)
-    assert all(row["references"] == {"defaults": {}} for row in ablations)
+    ablations, _ = experiments.run_sweep("p07_registers", configs, progress=lambda line: None, against_defaults=True,
+                                         peer_names=("mission",))
+    assert all(row["references"] == {"defaults": {}} and row["peer_cases"] == ("mission",) for row in ablations)
+    assert all(row["peer_cases"] == () for row in rows)
 
 
 def synthetic_rung_rows() -> list[dict]:
