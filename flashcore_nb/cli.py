@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "trace":
         for name in (n for n in names if n in trace.TRACED):
-            print("wrote", trace.record(name, shapes.select(args.shapes or ",".join(trace.CASES))), flush=True)
+            print("wrote", trace.record(name, shapes.select(args.shapes) if args.shapes else None), flush=True)
         return 0
     if args.command == "accuracy":
         cc = env.gpu().cc

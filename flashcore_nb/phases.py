@@ -682,6 +682,8 @@ _REGISTRY = [
             variant("row sums inside the turn (TRACE=1)", {"TRACE": 1, "SUMS_AFTER_TURN": 0}, "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
             variant("no ping-pong, no overlap (TRACE=1)", {**_NO_OVERLAP, "TRACE": 1}, "trace"),
+            variant("one consumer, 64-row work items (TRACE=1)", {"TRACE": 1, "CONSUMERS": 1, "CONSUMERS_D128": 1},
+                    "trace"),
         ),
     ),
     Phase(

@@ -7,11 +7,11 @@ per warpgroup of CTA 0 stamps each step (copies issued, barrier waits, wgmmas is
 epilogue, ping-pong turns) with the SM's clock64 into a device buffer, and %globaltimer beside it at its first and
 last event, so that cycles convert to nanoseconds. Every span drawn is two stamps taken on the GPU, not a model;
 but the build is instrumented, so its times are a little longer than the real kernel's, and no record of it is
-ever a timing. On every case (CASES, or --shapes) each build is checked once (which also warms it up), launched
-once more with the buffer reset, and the buffer is read through the extension's own exported functions (ctypes
-on its shared library). The record keeps every event of CTA 0's first RECORDED_ITEMS work items, the share of
-time each warpgroup spent in each kind of span over all of its items, and any rule of a well-formed trace the
-events break (`problems`). plots.timeline draws a record's case and build."""
+ever a timing. On each of its cases (CASES, or its own in BUILD_CASES, or --shapes) each build is checked once
+(which also warms it up), launched once more with the buffer reset, and the buffer is read through the
+extension's own exported functions (ctypes on its shared library). The record keeps every event of CTA 0's
+first RECORDED_ITEMS work items, the share of time each warpgroup spent in each kind of span over all of its
+items, and any rule of a well-formed trace the events break (`problems`). plots.timeline draws a record's case and build."""
 from __future__ import annotations
 
 import ctypes
@@ -28,6 +28,9 @@ from .phases import PHASES, get
 TAG = "trace"
 TRACED = [name for name, phase in PHASES.items() if phase.variants_tagged(TAG)]
 CASES = ("b4h16_s2048", "b2h16_s4096_d128")
+# Builds traced on cases of their own: the one-consumer candidate where `attention` chooses it, problems that leave
+# SMs idle (the mission shape: one work item per CTA, so where its time goes is one CTA's chain of steps).
+BUILD_CASES = {"one consumer, 64-row work items (TRACE=1)": ("mission", "b1h16_s512_d128")}
 RECORDED_ITEMS = 2   # CTA 0's first work item, and the start of its next (where a persistent CTA overlaps them)
 INSTRUMENTED = ("instrumented build (TRACE=1): one thread per warpgroup of CTA 0 stores a clock64 stamp per event; "
                 "its times are slightly longer than the uninstrumented kernel's, and it is never a timing")
@@ -51,6 +54,11 @@ CLOCK_DTYPE = np.dtype([("cycles", "<u8"), ("ns", "<u8")])
 
 def record_name(phase_name: str) -> str:
     return f"{phase_name}_trace"
+
+
+def cases_of(build: str) -> tuple[str, ...]:
+    """The cases a trace build is recorded on."""
+    return BUILD_CASES.get(build, CASES)
 
 
 def role_name(role: int) -> str:
@@ -134,13 +142,14 @@ def capture(fn, case: shapes.Case) -> dict:
 
 
 def record(phase_name: str, cases: list[shapes.Case] | None = None, progress=print, root: Path = RESULTS_DIR) -> Path:
-    """Every build tagged "trace" on every case: the record results/<gpu>/experiments/<phase>_trace.json."""
+    """Every build tagged "trace" on its cases (`cases`, or cases_of): the record
+    results/<gpu>/experiments/<phase>_trace.json."""
     from .binding import load as load_phase
     builds = get(phase_name).variants_tagged(TAG)
     rows = []
     for label, defines in builds.items():
         fn = load_phase(phase_name, **defines)
-        for case in cases or shapes.select(",".join(CASES)):
+        for case in cases or shapes.select(",".join(cases_of(label))):
             captured = capture(fn, case)
             frame = events_frame(captured)
             row = {"build": label, "case": case.name, "shape": case.label(),

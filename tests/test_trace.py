@@ -205,7 +205,9 @@ def test_record_keeps_every_build_and_case_and_the_first_work_items(monkeypatch,
     builds = PHASES["p09_warpspec"].variants_tagged(trace.TAG)
     assert loaded == list(builds.values())
     assert [(row["build"], row["case"]) for row in record["rows"]] == [
-        (label, case) for label in builds for case in trace.CASES]
+        (label, case) for label in builds for case in trace.cases_of(label)]
+    assert trace.cases_of("defaults (TRACE=1)") == trace.CASES
+    assert all(build in builds for build in trace.BUILD_CASES)
     row = trace.row(record, "b2h16_s4096_d128", "no ping-pong (TRACE=1)")
     assert row["items"] == 2 and set(row["events"]["item"]) == {0}
     # the second item's producer events have no consumer beside them: named, not hidden
