@@ -575,3 +575,18 @@ def seqlen_wins(frame: pd.DataFrame, share: float = 1.0, saturation: float | Non
                 if (part["method"] == phase).any() else "does not run"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def trace_spans(record: dict, case: str, build: str, item: int = 0) -> pd.DataFrame:
+    """One work item of CTA 0 from a trace record (trace.py), span by span in the order they began: who (the
+    producer or a consumer warpgroup), the span, its key tile (blank for Q and the epilogue), and its start and
+    length in µs from the CTA's first stamp. GEMM spans run from issue to the wait that saw them done."""
+    from . import trace
+    row = trace.row(record, case, build)
+    spans = trace.spans(trace.events_frame(row))
+    spans = spans[spans["item"] == item].sort_values("start")
+    us = row["ns_per_cycle"] / 1000
+    return pd.DataFrame({"who": [trace.role_name(role) for role in spans["role"]], "span": spans["span"].to_numpy(),
+                         "key tile": [str(tile) if tile >= 0 else "" for tile in spans["tile"]],
+                         "start (µs)": spans["start"].to_numpy() * us,
+                         "length (µs)": (spans["end"] - spans["start"]).to_numpy() * us})

@@ -233,3 +233,19 @@ def test_a_build_without_trace_is_told_apart():
                                                  name="flashcore_p09_warpspec_0123"))
     with pytest.raises(RuntimeError, match="built without TRACE=1"):
         trace.library(libc)
+
+
+def test_trace_spans_lists_one_work_item_in_the_order_its_spans_began():
+    from flashcore_nb import tables
+    record = synthetic_record()
+    spans = tables.trace_spans(record, "b4h16_s2048", record["rows"][0]["build"])
+    assert list(spans.columns) == ["who", "span", "key tile", "start (µs)", "length (µs)"]
+    assert spans["start (µs)"].is_monotonic_increasing and (spans["length (µs)"] > 0).all()
+    assert set(spans["who"]) == {"producer", "consumer 1", "consumer 2"} and {"softmax", "Q·Kᵀ"} <= set(spans["span"])
+    assert (spans.loc[spans["span"] == "Q·Kᵀ", "key tile"] != "").all()
+    assert (spans.loc[spans["span"] == "epilogue", "key tile"] == "").all() and "epilogue" in set(spans["span"])
+    # cycles at 0.5 ns each (the synthetic clock): the first consumer's first softmax, from the buffer itself
+    events = trace.events_frame(record["rows"][0])
+    first = events[(events["kind"] == "SoftmaxBegin") & (events["role"] == 1)]["cycles"].iloc[0]
+    mine = spans[(spans["span"] == "softmax") & (spans["who"] == "consumer 1")]
+    assert mine["start (µs)"].iloc[0] == pytest.approx(first * 0.5 / 1000)
