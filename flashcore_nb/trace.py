@@ -11,7 +11,8 @@ ever a timing. On each of its cases (CASES, or its own in BUILD_CASES, or --shap
 (which also warms it up), launched once more with the buffer reset, and the buffer is read through the
 extension's own exported functions (ctypes on its shared library). The record keeps every event of CTA 0's
 first RECORDED_ITEMS work items, the share of time each warpgroup spent in each kind of span over all of its
-items, and any rule of a well-formed trace the events break (`problems`). plots.timeline draws a record's case and build."""
+items, and any rule of a well-formed trace the events break (`problems`). plots.timeline draws a record's case
+and build."""
 from __future__ import annotations
 
 import ctypes

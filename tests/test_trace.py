@@ -241,7 +241,8 @@ def test_trace_spans_lists_one_work_item_in_the_order_its_spans_began():
     spans = tables.trace_spans(record, "b4h16_s2048", record["rows"][0]["build"])
     assert list(spans.columns) == ["who", "span", "key tile", "start (µs)", "length (µs)"]
     assert spans["start (µs)"].is_monotonic_increasing and (spans["length (µs)"] > 0).all()
-    assert set(spans["who"]) == {"producer", "consumer 1", "consumer 2"} and {"softmax", "Q·Kᵀ"} <= set(spans["span"])
+    assert set(spans["who"]) == {"producer", "consumer 1", "consumer 2"}
+    assert {"softmax", "Q·Kᵀ"} <= set(spans["span"])
     assert (spans.loc[spans["span"] == "Q·Kᵀ", "key tile"] != "").all()
     assert (spans.loc[spans["span"] == "epilogue", "key tile"] == "").all() and "epilogue" in set(spans["span"])
     # cycles at 0.5 ns each (the synthetic clock): the first consumer's first softmax, from the buffer itself
