@@ -259,13 +259,19 @@ def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
 
 def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
-    # 64 query rows per consumer warpgroup, a ring of `stages` buffers each for K and V as TMA writes
-    # them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums' P·ones), then
-    # the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot where DYNAMIC hands the
-    # consumers their work item. The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
-    return [Buffer("Q tile", 64 * consumers, head_dim, 2), Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
+    split_keys = params["SPLIT_KEYS"] and consumers > 1
+    # 64 query rows per consumer warpgroup (SPLIT_KEYS: 64 in all), a ring of `stages` buffers each for K and V as
+    # TMA writes them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums'
+    # P·ones), with SPLIT_KEYS a slot per consumer but the first for its partial result (O in fp32, two maxima and
+    # two sums per thread), then the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot
+    # where the work counter hands the consumers their item. The kernel asks for 1 KB more and rounds its base up
+    # to 1024 bytes for the swizzle.
+    return [Buffer("Q tile", 64 if split_keys else 64 * consumers, head_dim, 2),
+            Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
             *([Buffer("ones for the row sums, P·ones (SPECULATE)", 8, 64, 2)] if params["SPECULATE"] else []),
+            *([Buffer(f"partial results (x {consumers - 1}, SPLIT_KEYS)", (consumers - 1) * 128, head_dim // 2 + 4, 4)]
+              if split_keys else []),
             Buffer("mbarriers and the work item", 3 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
 
@@ -274,7 +280,19 @@ def _p09_refuses(params: dict) -> str | None:
     # The work counter feeds persistent CTAs; a CTA per work item has no next item to ask for (the kernel's
     # static_assert, said before a compile).
     if params["DYNAMIC"] and not params["PERSISTENT"]:
-        return "DYNAMIC=1 hands persistent CTAs their work items: set PERSISTENT=1, or DYNAMIC=0 with PERSISTENT=0"
+        return ("DYNAMIC=1 or 2 hands persistent CTAs their work items: set PERSISTENT=1, or DYNAMIC=0 with "
+                "PERSISTENT=0")
+    if params["DYNAMIC"] not in (0, 1, 2):
+        return "DYNAMIC: 0 (a fixed round robin), 1 (the work counter always) or 2 (the counter under a causal mask)"
+    if params["SPLIT_KEYS"] and (not params["OVERLAP"] or params["CARRY_OVER"]):
+        return ("SPLIT_KEYS=1 splits the overlapped steps' key tiles, and keeps an item's last P·V in the item: "
+                "set OVERLAP=1 and CARRY_OVER=0")
+    for head_dim in (64, 128):
+        consumers, _, stages = p09_tiles(head_dim, params)
+        if params["SPLIT_KEYS"] and consumers > 1 and stages < consumers + 1:
+            suffix = "_D128" if head_dim == 128 else ""
+            return (f"SPLIT_KEYS=1 needs STAGES{suffix} >= CONSUMERS{suffix} + 1: a consumer holds its key tile "
+                    f"until the next one's Q·Kᵀ is issued, {consumers} tiles further on in the ring")
     # Measured on the H100: without OVERLAP, 64-key tiles give wrong outputs (max error 0.4 at 1x8x512x64)
     # as soon as a row sees two key tiles, with two consumers or three; one key tile, or 128-key tiles, or
     # OVERLAP=1 are right. D = 128 was not tried, so it is refused there too. The cause, read from the SASS
@@ -605,15 +623,18 @@ _REGISTRY = [
         # candidate of `attention`. D = 128: two, Q in registers.
         # The work order: a counter hands out the items (DYNAMIC), causal heads in groups (CAUSAL_GROUP_MB) that
         # keep K and V in L2 where all heads' would overflow it (16 x 16 x 2048 x 128 causal: 0.61x SDPA default's
-        # speed before, the grid's worst; 0.92x with them).
+        # speed before, the grid's worst; 0.92x with them). The counter only under a causal mask (DYNAMIC=2): without
+        # one, a build with no counter code took 0.96x the GPU time of the counter's at 4x16x2048x64 and
+        # 1x16x8192x64, and 0.98-1.02x at the other non-causal shapes measured (an exploration run at 35ec60d).
         # The carry-over (an item's last P·V beside the next item's first Q·Kᵀ) was a default until the wide stores
         # of O: the ablation at 41349ab measured it costing 1.5-5.9% at every shape, so it is off, and a variant.
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
         tile_params={"CONSUMERS": 2, "BLOCK_N": 128, "STAGES": 3,
                      "CONSUMERS_D128": 2, "BLOCK_N_D128": 128, "STAGES_D128": 3,
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
-                     "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 1,
-                     "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "TRACE": 0},
+                     "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 2,
+                     "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "SPLIT_KEYS": 0,
+                     "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -633,6 +654,7 @@ _REGISTRY = [
             variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
             variant("carry-over between work items", {"CARRY_OVER": 1}, "ablation", "test", "sanitize"),
             variant("no ping-pong, no overlap", _NO_OVERLAP, "ablation", "test", "sanitize"),
+            variant("the work counter without a causal mask too", {"DYNAMIC": 1}, "ablation", "test", "sanitize"),
             variant("one CTA per work item", {"PERSISTENT": 0, "DYNAMIC": 0}, "ablation", "test"),
             variant("all heads at once (no head groups)", {"CAUSAL_GROUP_MB": 0}, "ablation", "test"),
             variant("a fixed round robin, rounds as a snake (no counter)", {"DYNAMIC": 0, "CAUSAL_GROUP_MB": 0},
@@ -658,6 +680,13 @@ _REGISTRY = [
             # take turns with) and no register split (256 threads may each have 255). A candidate of `attention`.
             variant("one consumer (64-row work items)", {"CONSUMERS": 1, "CONSUMERS_D128": 1}, "ablation", "test",
                     "sanitize", candidate="64-row"),
+            # Two consumers split a 64-row item's key tiles, and combine their results in shared memory: the chain
+            # of steps per item is half as long, but the two warpgroups share one SM's four schedulers. 64-key tiles
+            # (the ring must hold CONSUMERS + 1 of them, and at D = 128 the partial results need the room). A
+            # candidate of `attention`.
+            variant("two consumers split a 64-row item's keys (64-key tiles)",
+                    {"SPLIT_KEYS": 1, "BLOCK_N": 64, "STAGES": 4, "BLOCK_N_D128": 64, "STAGES_D128": 3}, "test",
+                    "sanitize", candidate="split-keys"),
             variant("three consumers, Q in registers, 64-key tiles (D=64)", {"CONSUMERS": 3, "BLOCK_N": 64},
                     "ablation", "test"),
             variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
@@ -667,6 +696,10 @@ _REGISTRY = [
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
+            variant("3 persistent CTAs, three consumers split the keys, no ping-pong",
+                    {"PERSISTENT_CTAS": 3, "PINGPONG": 0, "SPLIT_KEYS": 1, "CONSUMERS": 3, "BLOCK_N": 64, "STAGES": 4,
+                     "CONSUMERS_D128": 3, "BLOCK_N_D128": 64, "STAGES_D128": 4, "Q_IN_SHARED_D128": 1}, "test",
+                    "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
             variant("2 persistent CTAs, no overlap, 2 stages", {**_NO_OVERLAP, "PERSISTENT_CTAS": 2, "STAGES": 2},
                     "test", "sanitize"),

@@ -23,7 +23,7 @@
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
-//   SNAKE=1    (with PERSISTENT, not DYNAMIC) the CTAs take a round of gridDim.x items each in turn, every other round
+//   SNAKE=1    (with PERSISTENT, where no counter runs) the CTAs take a round of gridDim.x items each in turn, every other round
 //              in reverse, so under a causal mask the CTA that took a round's shortest tile takes the next
 //              round's longest;
 //   CAUSAL_GROUP_MB=n  the causal work order takes the heads in groups, longest tiles first within a group,
@@ -58,7 +58,15 @@
 //   DYNAMIC=1  (with PERSISTENT) a CTA's next work item is the next one no CTA has taken yet (a counter in
 //              global memory its producer bumps, the item handed to the consumers beside Q), not the next
 //              of a fixed round robin: CTAs whose items ran short take more, whatever the work order, so
-//              head groups cost no balance (a round robin over groups gives some CTAs every long tile);
+//              head groups cost no balance (a round robin over groups gives some CTAs every long tile).
+//              DYNAMIC=2: the counter under a causal mask only, where items differ in length; without one
+//              the launch takes a build with no counter code at all (a template parameter, not a branch:
+//              the counter's code costs its time even where a branch skips it, chapter 9);
+//   SPLIT_KEYS=1 (with OVERLAP, not CARRY_OVER) a work item is 64 query rows, and the consumers split its key
+//              tiles between them (consumer c takes tiles c, c + CONSUMERS, ...), each keeping its own O, row
+//              maxima and sums; at the end the others leave theirs in shared memory and consumer 0 combines
+//              them and writes O. For problems too small to fill the GPU: a warpgroup walks a third or half
+//              of the keys in a row, and the item's chain of steps is that much shorter;
 // TRACE=1 is the instrumented build (common/trace.cuh; off by default, and then the machine code is the
 // uninstrumented kernel's): one thread of each warpgroup of CTA 0 stamps every copy issued, barrier wait,
 // wgmma issued and waited for, softmax, epilogue and ping-pong turn, for chapter 9's measured timeline
@@ -141,7 +149,10 @@
 #define CAUSAL_GROUP_MB 32
 #endif
 #ifndef DYNAMIC
-#define DYNAMIC 1
+#define DYNAMIC 2
+#endif
+#ifndef SPLIT_KEYS
+#define SPLIT_KEYS 0
 #endif
 #ifndef SPECULATE
 #define SPECULATE 1
@@ -196,12 +207,60 @@ __device__ __forceinline__ void warp_scores(Rows& rows, const unsigned char* q_t
   }
 }
 
+// SPLIT_KEYS: consumer warpgroups that took different key tiles of the same 64 rows combine their results
+// before the epilogue. A thread holds the same rows and columns in every warpgroup (common/wgmma_attention.cuh),
+// so thread i hands its partial (O un-normalised, its rows' maxima and sums: kPartialFloats floats) to thread i
+// of consumer 0, through a slot in shared memory laid out value by value, 128 threads wide (a warp's accesses hit
+// 32 banks). The row sums are P·ones (SPECULATE) or this lane's share of them.
+template <int kHeadDim>
+constexpr int kPartialFloats = kHeadDim / 2 + 4;
+
+template <typename Rows>
+__device__ __forceinline__ float& partial_sum(Rows& rows, int h) {
+  return SPECULATE ? rows.sum_acc[2 * h] : rows.row_sum[h];
+}
+
+template <int kHeadDim, typename Rows>
+__device__ __forceinline__ void store_partial(Rows& rows, float* slot, int thread) {
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) slot[i * 128 + thread] = rows.output()[i];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    slot[(kHeadDim / 2 + h) * 128 + thread] = rows.row_max[h];
+    slot[(kHeadDim / 2 + 2 + h) * 128 + thread] = partial_sum(rows, h);
+  }
+}
+
+// This thread's partial += the one in `slot`, both rescaled to the larger of the two maxima (a partial that saw no
+// key has maximum -inf, sum 0 and O 0, and weighs nothing).
+template <int kHeadDim, typename Rows>
+__device__ __forceinline__ void merge_partial(Rows& rows, const float* slot, int thread) {
+  float mine[2], theirs[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float other_max = slot[(kHeadDim / 2 + h) * 128 + thread];
+    const float new_max = fmaxf(rows.row_max[h], other_max);
+    const float base = new_max == -INFINITY ? 0.f : new_max;
+    mine[h] = fast_exp2(rows.row_max[h] - base);
+    theirs[h] = fast_exp2(other_max - base);
+    rows.row_max[h] = new_max;
+    partial_sum(rows, h) = partial_sum(rows, h) * mine[h] + slot[(kHeadDim / 2 + 2 + h) * 128 + thread] * theirs[h];
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) {
+    const int h = i % 4 / 2;   // accumulator element i is row g (h = 0) or g + 8 (h = 1)
+    rows.output()[i] = rows.output()[i] * mine[h] + slot[i * 128 + thread] * theirs[h];
+  }
+}
+
 template <int kHeadDim>
 struct Tiles {
   static constexpr int kConsumers = kHeadDim == 128 ? CONSUMERS_D128 : CONSUMERS;
   static constexpr bool kQInShared = kHeadDim == 128 ? Q_IN_SHARED_D128 : Q_IN_SHARED;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kBlockM = 64 * kConsumers;
+  // SPLIT_KEYS: the consumers share one 64-row Q tile and split its keys (with one consumer, nothing to split)
+  static constexpr bool kSplitKeys = SPLIT_KEYS && kConsumers > 1;
+  static constexpr int kBlockM = kSplitKeys ? 64 : 64 * kConsumers;
   static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
   static constexpr int kStages = kHeadDim == 128 ? STAGES_D128 : STAGES;
   static constexpr bool kPingPong = PINGPONG && kConsumers > 1;   // one consumer has no one to take turns with
@@ -221,16 +280,24 @@ struct Tiles {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
   static constexpr int kOnesBytes = SPECULATE ? 1024 : 0;     // the ones of the row sums' P·ones (one swizzle atom)
+  // SPLIT_KEYS: consumers 1.. leave their partial results here for consumer 0 (kPartialFloats per thread each)
+  static constexpr int kPartialBytes = kSplitKeys ? (kConsumers - 1) * 128 * kPartialFloats<kHeadDim> * 4 : 0;
   static constexpr int kBarrierBytes = 8 * (3 + 3 * kStages);   // the barriers and the item
   static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kBarrierBytes + 1024;   // + room to align
+      kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kPartialBytes + kBarrierBytes + 1024;   // + room to align
 
   static_assert(kConsumers >= 1 && kConsumers <= 3,
                 "CONSUMERS(_D128) must be 1, 2 or 3 (64 query rows each)");
   static_assert(kBlockN % 64 == 0 && kBlockN >= 64 && kBlockN <= 256,
                 "BLOCK_N must be 64, 128, 192 or 256: each wgmma covers 64 keys, a TMA box at most 256 rows");
   static_assert(kStages >= 2, "STAGES: the producer fills one buffer while the consumers read another");
+  static_assert(DYNAMIC >= 0 && DYNAMIC <= 2, "DYNAMIC: 0 (never), 1 (always) or 2 (under a causal mask)");
   static_assert(!DYNAMIC || PERSISTENT, "DYNAMIC hands persistent CTAs their work items");
+  static_assert(!SPLIT_KEYS || (OVERLAP && !CARRY_OVER),
+                "SPLIT_KEYS splits the overlapped steps' key tiles, and an item's last P·V stays in the item");
+  // A consumer's next key tile is kConsumers entries after its current one in the ring, which it releases only
+  // after issuing the next one's Q·Kᵀ: the ring must hold both and the others' tiles between them.
+  static_assert(!kSplitKeys || kStages >= kConsumers + 1, "SPLIT_KEYS needs STAGES(_D128) >= CONSUMERS(_D128) + 1");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
   static_assert(!SPECULATE || OVERLAP, "SPECULATE changes the overlapped step's softmax");
   static_assert(!CARRY_OVER || OVERLAP, "CARRY_OVER moves the overlapped steps' last P·V into the next item's first");
@@ -244,7 +311,7 @@ struct Barriers {
   uint64_t k_full[kStages];    // K tile in buffer s has landed
   uint64_t v_full[kStages];    // V tile in buffer s has landed
   uint64_t empty[kStages];     // every consumer warp is done with buffer s (K and V)
-  int item;                    // DYNAMIC: the work item whose Q q_full announces (past the end: no more)
+  int item;                    // kDynamic: the work item whose Q q_full announces (past the end: no more)
 };
 
 // The tensor maps of one call: (B, H, S, D) as TMA counts it, {D, S, H, B}, boxes of 64 columns.
@@ -316,7 +383,8 @@ __device__ __forceinline__ void finish_counting(unsigned int (&counter)[2]) {
   }
 }
 
-template <typename T, int kHeadDim>
+// kDynamic: this build takes its work items from the counter (DYNAMIC; launch() picks the build).
+template <typename T, int kHeadDim, bool kDynamic>
 __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     attention_warpspec_kernel(const FlashParams params, const __grid_constant__ TensorMaps maps, int counter_slot) {
   using Cfg = Tiles<kHeadDim>;
@@ -330,7 +398,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   unsigned char* const k_tiles = smem + Cfg::kQBytes;
   unsigned char* const v_tiles = k_tiles + kStages * Cfg::kKvBytes;
   unsigned char* const ones = v_tiles + kStages * Cfg::kKvBytes;   // SPECULATE: 16-bit ones, B of P·ones
-  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(ones + Cfg::kOnesBytes);
+  float* const partials = reinterpret_cast<float*>(ones + Cfg::kOnesBytes);   // SPLIT_KEYS: consumers 1.. leave O here
+  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(ones + Cfg::kOnesBytes + Cfg::kPartialBytes);
 
   // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
   // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
@@ -349,7 +418,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&bars.k_full[s], 1);
       mbarrier_init(&bars.v_full[s], 1);
-      mbarrier_init(&bars.empty[s], kConsumerWarps);
+      mbarrier_init(&bars.empty[s], Cfg::kSplitKeys ? 4 : kConsumerWarps);   // SPLIT_KEYS: one warpgroup reads a tile
     }
     fence_mbarrier_init();
   }
@@ -366,7 +435,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       TraceRecorder trace(0, true);   // TRACE=1 only: the issuing thread records
       trace.begin();
       int ring_base = 0, items_done = 0;
-      // Every CTA's first item is its own place in the first round; DYNAMIC then counts the items taken.
+      // Every CTA's first item is its own place in the first round; the counter (kDynamic) then counts the items taken.
       for (int index = blockIdx.x; index < work_items; ++items_done) {
         const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
         // Q's buffer is free once every consumer warp has its rows of the previous Q in registers.
@@ -376,13 +445,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           trace.stamp(kTraceEmptyWaitEnd, items_done);
         }
         trace.stamp(kTraceQIssue, items_done);
-        if (DYNAMIC) bars.item = index;   // published by q_full's arrival (release), read after its wait
+        if (kDynamic) bars.item = index;   // published by q_full's arrival (release), read after its wait
         mbarrier_arrive_expect_tx(&bars.q_full, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < kDBlocks; ++c)
           tma_load<4>(q_tile + c * Cfg::kBlockM * 128, &maps.q, &bars.q_full, {c * 64, item.first_row, item.head, item.batch});
         // The next item, asked for now: the counter's answer takes a trip to L2, which this item's copies hide.
-        const int next = DYNAMIC ? static_cast<int>(gridDim.x + atomicAdd(&work_counters[counter_slot][0], 1u))
+        const int next = kDynamic ? static_cast<int>(gridDim.x + atomicAdd(&work_counters[counter_slot][0], 1u))
                                  : item_of_round(items_done + 1);
         for (int tile = 0; tile < item.key_tiles; ++tile) {
           const int entry = ring_base + tile, s = buffer(entry);
@@ -407,7 +476,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         ring_base += item.key_tiles;
         index = next;
       }
-      if constexpr (DYNAMIC) {   // tell the consumers there is no next item, once they are done with Q
+      if constexpr (kDynamic) {   // tell the consumers there is no next item, once they are done with Q
         mbarrier_wait(&bars.q_empty, (items_done - 1) & 1);
         bars.item = work_items;
         mbarrier_arrive(&bars.q_full);
@@ -421,6 +490,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // --- the consumers -------------------------------------------------------------------------------
   if constexpr (Cfg::kSplitRegisters) setmaxnreg_inc<Cfg::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
+  // This warpgroup's rows in the item's Q tile: its own 64, or (SPLIT_KEYS) the item's only 64.
+  const int q_offset = Cfg::kSplitKeys ? 0 : consumer * 64;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const float score_scale = params.scale * 1.4426950408889634f;   // exp(x) = exp2(x · log2 e)
@@ -430,7 +501,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   TraceRecorder trace(warpgroup, threadIdx.x % 128 == 0);
   trace.begin();
 
-  // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it).
+  // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it;
+  // my_tiles: how many of its key tiles this warpgroup's rows see and it takes).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
   // its registers, math (SPECULATE: the row sums as P·ones)
   WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE, WIDE_WGMMA> rows;
@@ -441,9 +513,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   struct KeyTile {
     int entry, item, tile;
   };
-  const auto key_tile = [&](int tile) { return KeyTile{ring_base + tile, items_done, tile}; };
+  // This warpgroup's `step`th key tile of the item: every tile, or (SPLIT_KEYS) every kConsumers-th from its own.
+  const auto tile_of = [&](int step) { return Cfg::kSplitKeys ? consumer + step * Cfg::kConsumers : step; };
+  const auto key_tile = [&](int step) { return KeyTile{ring_base + tile_of(step), items_done, tile_of(step)}; };
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
-  // it after all kConsumerWarps have. A tile a warpgroup skips (causal) is waited for first, so that
+  // it after all kConsumerWarps have (SPLIT_KEYS: the 4 warps of the warpgroup that took it). A tile a warpgroup skips (causal) is waited for first, so that
   // the release counts toward that entry's use of the buffer and not an earlier one's.
   const auto release = [&](KeyTile at) {
     __syncwarp();
@@ -470,7 +544,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceScoresIssue, at.item, at.tile);
     const uint32_t k_base = smem_address(k_tiles + buffer(at.entry) * Cfg::kKvBytes);
     if constexpr (Cfg::kQInShared)
-      rows.issue_scores_shared_q(smem_address(q_tile) + consumer * 64 * 128, Cfg::kBlockM, k_base);
+      rows.issue_scores_shared_q(smem_address(q_tile) + q_offset * 128, Cfg::kBlockM, k_base);
     else
       rows.issue_scores(k_base);
   };
@@ -506,7 +580,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     rows.output_landed();
     trace.stamp(kTraceValuesDone, at.item, at.tile);
   };
-  auto softmax = [&](int tile, float (&correction)[2], auto speculate) {
+  auto softmax = [&](int step, float (&correction)[2], auto speculate) {
+    const int tile = tile_of(step);
     trace.stamp(kTraceSoftmaxBegin, items_done, tile);
     rows.template softmax<decltype(speculate)::value>(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale,
                                                       correction);
@@ -516,9 +591,27 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   // written, once its last P·V has landed.
   const auto write_output = [&](const WorkItem& done, int number) {
     trace.stamp(kTraceEpilogueBegin, number);
-    const int first_row = done.first_row + consumer * 64 + warp * 16 + g;
+    const int first_row = done.first_row + q_offset + warp * 16 + g;
     rows.template store_output<WIDE_STORES>(params, done.batch, done.head, first_row, t);
     trace.stamp(kTraceEpilogueEnd, number);
+  };
+  // SPLIT_KEYS: the item's end. Consumers 1.. leave their partial results in shared memory, and consumer 0
+  // combines them into its own and writes O. Named barrier kPartialsReady: the partials are there; kPartialsRead: consumer 0
+  // has them in registers, so the slots may take the next item's.
+  constexpr uint32_t kPartialsReady = 1 + 3, kPartialsRead = 2 + 3;   // after the ping-pong barriers 1..3
+  const auto combine_and_write = [&](const WorkItem& done, int number) {
+    constexpr int kSlotFloats = kPartialFloats<kHeadDim> * 128;
+    constexpr uint32_t kThreads = 128 * Cfg::kConsumers;
+    if (consumer > 0) store_partial<kHeadDim>(rows, partials + (consumer - 1) * kSlotFloats, threadIdx.x % 128);
+    named_barrier_sync(kPartialsReady, kThreads);
+    if (consumer == 0) {
+      for (int c = 1; c < Cfg::kConsumers; ++c)
+        merge_partial<kHeadDim>(rows, partials + (c - 1) * kSlotFloats, threadIdx.x % 128);
+      named_barrier_arrive(kPartialsRead, kThreads);
+      write_output(done, number);
+    } else {
+      named_barrier_sync(kPartialsRead, kThreads);
+    }
   };
 
   // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the next
@@ -556,9 +649,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   const auto waiting_tile = [&]() { return KeyTile{ring_base - 1, items_done - 1, waiting_item().key_tiles - 1}; };
 
   for (;; ++items_done) {
-    // The item: DYNAMIC, the one the producer announces with Q (waited for here); otherwise this CTA's
+    // The item: kDynamic, the one the producer announces with Q (waited for here); otherwise this CTA's
     // place in the round, computed as the producer does.
-    if constexpr (DYNAMIC) {
+    if constexpr (kDynamic) {
       trace.stamp(kTraceQWaitBegin, items_done);
       mbarrier_wait(&bars.q_full, items_done & 1);
       trace.stamp(kTraceQWaitEnd, items_done);
@@ -566,23 +659,27 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     // (Lane 0 reads it, the lane that later releases Q to the producer, and shuffles it to the warp: seen to
     // be the same across the warp, as the warpgroup index is, the item keeps the branches on it uniform, and
     // ptxas neither splits the softmax into divergent copies nor serialises the wgmmas.)
-    const int index = DYNAMIC ? __shfl_sync(0xffffffffu, lane == 0 ? bars.item : 0, 0) : item_of_round(items_done);
+    const int index = kDynamic ? __shfl_sync(0xffffffffu, lane == 0 ? bars.item : 0, 0) : item_of_round(items_done);
     if (index >= work_items) break;
     const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
     key_tiles = item.key_tiles;
-    group_row = item.first_row + consumer * 64;   // this warpgroup's first query row
-    warp_row = group_row + warp * 16 + g;         // this lane's rows: warp_row and + 8
-    // Causal: this warpgroup's rows see only its first `my_tiles` key tiles; the producer loads them all.
+    group_row = item.first_row + q_offset;   // this warpgroup's first query row
+    warp_row = group_row + warp * 16 + g;    // this lane's rows: warp_row and + 8
+    // Causal: this warpgroup's rows see only the item's first `my_tiles` key tiles; the producer loads them all.
     my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
+    // SPLIT_KEYS: its share of them (none, where the item has fewer tiles than consumers)
+    if (Cfg::kSplitKeys) my_tiles = max(0, (my_tiles - consumer + Cfg::kConsumers - 1) / Cfg::kConsumers);
 
-    if constexpr (!DYNAMIC) {
+    if constexpr (!kDynamic) {
       trace.stamp(kTraceQWaitBegin, items_done);
       mbarrier_wait(&bars.q_full, items_done & 1);
       trace.stamp(kTraceQWaitEnd, items_done);
     }
     if constexpr (!Cfg::kQInShared) {
-      rows.load_q(q_tile, Cfg::kBlockM, consumer * 64, warp, lane);
+      rows.load_q(q_tile, Cfg::kBlockM, q_offset, warp, lane);
       release_q();
+    } else if (my_tiles == 0) {
+      release_q();   // SPLIT_KEYS: no Q·Kᵀ of its own in this item
     }
     rows.reset_maxima();
     if (waiting < 0) rows.reset_output();   // otherwise O is still the last item's, until its last P·V lands
@@ -592,10 +689,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       // softmax of tile `step` while that P·V runs. Step 0 does the same with the last item's last P·V, and
       // writes that item's O: its tail overlaps this item's head. Each branch waits for every wgmma it
       // issues: ptxas then knows that none is in flight where the branches meet, and does not serialise them.
-      const int steps = CARRY_OVER ? key_tiles : key_tiles + 1;   // without it: one step for the last P·V
+      // Every consumer takes as many steps (and ping-pong turns) as the item has key tiles per consumer, plus
+      // (without CARRY_OVER) one for the last P·V.
+      const int turns = Cfg::kSplitKeys ? (key_tiles + Cfg::kConsumers - 1) / Cfg::kConsumers : key_tiles;
+      const int steps = CARRY_OVER ? turns : turns + 1;
       for (int step = 0; step < steps; ++step) {
         take_turn(items_done, step);
-        if (step == 0 && waiting < 0) {   // the CTA's first item (or the last one ended early): its scores alone
+        if (step == 0 && waiting < 0 && my_tiles > 0) {   // the CTA's first item (or the last ended early): scores alone
           wait_keys(key_tile(0));
           issue_scores(key_tile(0));
           hand_over_turn(items_done, step);
@@ -605,7 +705,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           float correction[2];
           softmax(0, correction, std::false_type{});   // O is still zero: no rescale
           rows.pack_probabilities();
-        } else if (step == 0) {   // this item's first scores beside the last item's last P·V (my_tiles >= 1)
+        } else if (step == 0 && waiting >= 0) {   // this item's first scores beside the last item's last P·V
           const KeyTile last = waiting_tile();
           wait_keys(key_tile(0));
           issue_scores(key_tile(0));
@@ -650,28 +750,29 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           rows.pack_probabilities();
           // SPECULATE, rarely: a row's maximum rose too far; this warp's rows of the tile again, the usual way.
           if (SPECULATE && __any_sync(0xffffffffu, rows.risen)) {
-            warp_scores<Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, consumer * 64 + warp * 16,
-                                             k_tiles + buffer(ring_base + step) * Cfg::kKvBytes, lane);
-            rows.softmax(step * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
+            warp_scores<Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, q_offset + warp * 16,
+                                             k_tiles + buffer(key_tile(step).entry) * Cfg::kKvBytes, lane);
+            rows.softmax(tile_of(step) * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
             rows.rescale_output(correction);
             rows.pack_probabilities();
           }
           scores_done_with_q(step);
-        } else if (step == my_tiles) {   // the last P·V (CARRY_OVER: only of rows that end before the last key tile)
-          wait_values(key_tile(step - 1));
+        } else if (step == my_tiles && step > 0) {   // the last P·V (CARRY_OVER: only of rows that end before the
+          wait_values(key_tile(step - 1));          // item's last key tile)
           issue_values(key_tile(step - 1));
           hand_over_turn(items_done, step);
           issue_row_sums();
           wgmma_wait<0>();
           output_landed(key_tile(step - 1));
           release(key_tile(step - 1));
-          write_output(item, items_done);
-          if (step < key_tiles) skip(key_tile(step));
-        } else {   // causal: a tile right of this warpgroup's diagonal
+          if (!Cfg::kSplitKeys) write_output(item, items_done);
+          if (!Cfg::kSplitKeys && step < key_tiles) skip(key_tile(step));
+        } else {   // causal: a tile right of this warpgroup's diagonal (SPLIT_KEYS: a turn with no tile of its own)
           hand_over_turn(items_done, step);
-          if (step < key_tiles) skip(key_tile(step));
+          if (!Cfg::kSplitKeys && step < key_tiles) skip(key_tile(step));
         }
       }
+      if constexpr (Cfg::kSplitKeys) combine_and_write(item, items_done);
       if (CARRY_OVER && my_tiles == key_tiles) waiting = index;
     } else {
       for (int tile = 0; tile < key_tiles; ++tile) {
@@ -730,10 +831,10 @@ static cudaError_t make_map(CUtensorMap* map, const FlashParams& p, const void* 
                             {64, static_cast<uint32_t>(rows), 1, 1}, true);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kDynamic>
 cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   using Cfg = Tiles<kHeadDim>;
-  constexpr auto kKernel = attention_warpspec_kernel<T, kHeadDim>;
+  constexpr auto kKernel = attention_warpspec_kernel<T, kHeadDim, kDynamic>;
   const long long work_items =
       static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
   if (work_items > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -750,7 +851,7 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   const long long ctas = PERSISTENT ? std::min<long long>(work_items, PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms)
                                     : work_items;
   const int counter_slot =
-      DYNAMIC ? static_cast<int>(launches_started.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
+      kDynamic ? static_cast<int>(launches_started.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
   kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, counter_slot);
   return cudaGetLastError();
 }
@@ -761,6 +862,11 @@ extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {
 
 extern "C" cudaError_t flashcore_forward(const FlashParams* params, cudaStream_t stream) {
   return dispatch_dtype_head_dim(*params, [&](auto element, auto head_dim) {
-    return launch<decltype(element), decltype(head_dim)::value>(stream, *params);
+    using T = decltype(element);
+    constexpr int kHeadDim = decltype(head_dim)::value;
+    // The build with the work counter: always (DYNAMIC=1), never (0), or under a causal mask (2, the only
+    // setting that compiles both builds).
+    return params->causal || DYNAMIC == 1 ? launch<T, kHeadDim, DYNAMIC != 0>(stream, *params)
+                                          : launch<T, kHeadDim, DYNAMIC == 1>(stream, *params);
   });
 }

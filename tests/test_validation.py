@@ -176,6 +176,12 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     assert "SPECULATE=1 changes the overlapped step" in p09.refuses({**no_overlap, "SPECULATE": 1})
     assert "CARRY_OVER=1 moves the overlapped steps' last P·V" in p09.refuses({**no_overlap, "CARRY_OVER": 1})
     assert p09.refuses({**p09.tile_params, "BLOCK_N": 64, "BLOCK_N_D128": 64}) is None
+    # the kernel's static_asserts on the work counter and the key split, said before a compile
+    assert "DYNAMIC: 0 (a fixed round robin)" in p09.refuses({**p09.tile_params, "DYNAMIC": 3})
+    assert "SPLIT_KEYS=1 splits the overlapped steps" in p09.refuses({**p09.tile_params, "SPLIT_KEYS": 1, "CARRY_OVER": 1})
+    split3 = {**p09.tile_params, "SPLIT_KEYS": 1, "CONSUMERS": 3, "BLOCK_N": 64, "STAGES": 3}
+    assert "SPLIT_KEYS=1 needs STAGES >= CONSUMERS + 1" in p09.refuses(split3)
+    assert p09.refuses({**split3, "STAGES": 4}) is None
     for phase in PHASES.values():
         for v in phase.variants:
             assert phase.refuses({**phase.tile_params, **v.defines}) is None, (phase.name, v.label)
