@@ -293,6 +293,11 @@ def _p09_refuses(params: dict) -> str | None:
             suffix = "_D128" if head_dim == 128 else ""
             return (f"SPLIT_KEYS=1 needs STAGES{suffix} >= CONSUMERS{suffix} + 1: a consumer holds its key tile "
                     f"until the next one's Q·Kᵀ is issued, {consumers} tiles further on in the ring")
+        # Measured on the H100 (the kernel's static_assert): three consumers splitting the keys with the
+        # speculative softmax were 1.17x the tolerance at 1x8x512x128 in bf16 on one seed of four.
+        if params["SPLIT_KEYS"] and consumers > 2 and params["SPECULATE"]:
+            return ("SPLIT_KEYS=1 with SPECULATE=1 and three consumers missed the accuracy tolerance on the H100 "
+                    "(not understood yet): use two consumers, or SPECULATE=0")
     # Measured on the H100: without OVERLAP, 64-key tiles give wrong outputs (max error 0.4 at 1x8x512x64)
     # as soon as a row sees two key tiles, with two consumers or three; one key tile, or 128-key tiles, or
     # OVERLAP=1 are right. D = 128 was not tried, so it is refused there too. The cause, read from the SASS
@@ -696,10 +701,9 @@ _REGISTRY = [
             # A few persistent CTAs make every CTA cross many work items: the K/V ring's phases and Q's
             # buffer carry over from one item to the next, under every schedule.
             variant("1 persistent CTA", {"PERSISTENT_CTAS": 1}, "test", "sanitize"),
-            variant("3 persistent CTAs, three consumers split the keys, no ping-pong",
-                    {"PERSISTENT_CTAS": 3, "PINGPONG": 0, "SPLIT_KEYS": 1, "CONSUMERS": 3, "BLOCK_N": 64, "STAGES": 4,
-                     "CONSUMERS_D128": 3, "BLOCK_N_D128": 64, "STAGES_D128": 4, "Q_IN_SHARED_D128": 1}, "test",
-                    "sanitize"),
+            variant("3 persistent CTAs, two consumers split the keys, Q from shared memory, no ping-pong",
+                    {"PERSISTENT_CTAS": 3, "PINGPONG": 0, "SPLIT_KEYS": 1, "BLOCK_N": 64, "STAGES": 4, "Q_IN_SHARED": 1,
+                     "BLOCK_N_D128": 64, "STAGES_D128": 3, "Q_IN_SHARED_D128": 1}, "test", "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
             variant("2 persistent CTAs, no overlap, 2 stages", {**_NO_OVERLAP, "PERSISTENT_CTAS": 2, "STAGES": 2},
                     "test", "sanitize"),

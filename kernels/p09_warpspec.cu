@@ -298,6 +298,10 @@ struct Tiles {
   // A consumer's next key tile is kConsumers entries after its current one in the ring, which it releases only
   // after issuing the next one's Q·Kᵀ: the ring must hold both and the others' tiles between them.
   static_assert(!kSplitKeys || kStages >= kConsumers + 1, "SPLIT_KEYS needs STAGES(_D128) >= CONSUMERS(_D128) + 1");
+  // Measured on the H100: three consumers splitting the keys with the speculative softmax missed the tolerance
+  // (1.17x it at 1x8x512x128 in bf16, one seed of four; 0.49x without SPECULATE; two consumers 0.67x). Not
+  // understood yet, so not built.
+  static_assert(!kSplitKeys || kConsumers == 2 || !SPECULATE, "SPLIT_KEYS with SPECULATE: two consumers only");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
   static_assert(!SPECULATE || OVERLAP, "SPECULATE changes the overlapped step's softmax");
   static_assert(!CARRY_OVER || OVERLAP, "CARRY_OVER moves the overlapped steps' last P·V into the next item's first");
@@ -596,8 +600,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceEpilogueEnd, number);
   };
   // SPLIT_KEYS: the item's end. Consumers 1.. leave their partial results in shared memory, and consumer 0
-  // combines them into its own and writes O. Named barrier kPartialsReady: the partials are there; kPartialsRead: consumer 0
-  // has them in registers, so the slots may take the next item's.
+  // combines them into its own and writes O. Named barrier kPartialsReady: the partials are there; kPartialsRead:
+  // consumer 0 has them in registers, so the slots may take the next item's. (Every consumer waits at both:
+  // compute-sanitizer's racecheck reads consumer 0's mere arrival at the second as no ordering of its reads
+  // before the others' next writes.)
   constexpr uint32_t kPartialsReady = 1 + 3, kPartialsRead = 2 + 3;   // after the ping-pong barriers 1..3
   const auto combine_and_write = [&](const WorkItem& done, int number) {
     constexpr int kSlotFloats = kPartialFloats<kHeadDim> * 128;
@@ -607,7 +613,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     if (consumer == 0) {
       for (int c = 1; c < Cfg::kConsumers; ++c)
         merge_partial<kHeadDim>(rows, partials + (c - 1) * kSlotFloats, threadIdx.x % 128);
-      named_barrier_arrive(kPartialsRead, kThreads);
+      named_barrier_sync(kPartialsRead, kThreads);
       write_output(done, number);
     } else {
       named_barrier_sync(kPartialsRead, kThreads);

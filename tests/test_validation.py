@@ -181,7 +181,8 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     assert "SPLIT_KEYS=1 splits the overlapped steps" in p09.refuses({**p09.tile_params, "SPLIT_KEYS": 1, "CARRY_OVER": 1})
     split3 = {**p09.tile_params, "SPLIT_KEYS": 1, "CONSUMERS": 3, "BLOCK_N": 64, "STAGES": 3}
     assert "SPLIT_KEYS=1 needs STAGES >= CONSUMERS + 1" in p09.refuses(split3)
-    assert p09.refuses({**split3, "STAGES": 4}) is None
+    assert "with SPECULATE=1 and three consumers missed the accuracy tolerance" in p09.refuses({**split3, "STAGES": 4})
+    assert p09.refuses({**split3, "STAGES": 4, "SPECULATE": 0, "CONSUMERS_D128": 2}) is None
     for phase in PHASES.values():
         for v in phase.variants:
             assert phase.refuses({**phase.tile_params, **v.defines}) is None, (phase.name, v.label)
