@@ -630,7 +630,8 @@ _REGISTRY = [
         # keep K and V in L2 where all heads' would overflow it (16 x 16 x 2048 x 128 causal: 0.61x SDPA default's
         # speed before, the grid's worst; 0.92x with them). The counter only under a causal mask (DYNAMIC=2): without
         # one, a build with no counter code took 0.96x the GPU time of the counter's at 4x16x2048x64 and
-        # 1x16x8192x64, and 0.98-1.02x at the other non-causal shapes measured (an exploration run at 35ec60d).
+        # 1x16x8192x64, and 0.98-1.02x at the other non-causal shapes measured (an exploration run of the change
+        # itself, before it was committed as 20121f5).
         # The carry-over (an item's last P·V beside the next item's first Q·Kᵀ) was a default until the wide stores
         # of O: the ablation at 41349ab measured it costing 1.5-5.9% at every shape, so it is off, and a variant.
         # TRACE=1 is the instrumented build of the trace record (the variants tagged "trace"), never timed.
