@@ -278,9 +278,12 @@ def _p08_grid(case, params: dict, gpu: GpuLimits) -> Grid:
 
 
 def _p09_grid(case, params: dict, gpu: GpuLimits) -> Grid:
-    rows = 64 * p09_tiles(case.head_dim, params)[0]
-    return Grid(f"{rows}-row work items" + (", persistent" if params["PERSISTENT"] else ""), False, "",
-                query_tiles(case, rows), "one per SM" if params["PERSISTENT"] else None, params["PERSISTENT_CTAS"])
+    consumers = p09_tiles(case.head_dim, params)[0]
+    rows = 64 if params["SPLIT_KEYS"] and consumers > 1 else 64 * consumers
+    cluster = params["CLUSTER_KEYS"]   # CTAs per work item
+    return Grid(f"{rows}-row work items" + (f", {cluster} CTAs each" if cluster > 1 else "") +
+                (", persistent" if params["PERSISTENT"] else ""), False, "", query_tiles(case, rows) * cluster,
+                "one per SM" if params["PERSISTENT"] else None, params["PERSISTENT_CTAS"])
 
 
 def _p10_grid(case, params: dict, gpu: GpuLimits) -> Grid:

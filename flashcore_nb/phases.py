@@ -260,18 +260,22 @@ def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
 def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     split_keys = params["SPLIT_KEYS"] and consumers > 1
+    senders = (params["CLUSTER_KEYS"] - 1) * (1 if split_keys else consumers)
     # 64 query rows per consumer warpgroup (SPLIT_KEYS: 64 in all), a ring of `stages` buffers each for K and V as
     # TMA writes them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums'
     # P·ones), with SPLIT_KEYS a slot per consumer but the first for its partial result (O in fp32, two maxima and
     # two sums per thread), then the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot
-    # where the work counter hands the consumers their item. The kernel asks for 1 KB more and rounds its base up
-    # to 1024 bytes for the swizzle.
+    # where the work counter hands the consumers their item. With CLUSTER_KEYS an inbox comes before the barriers:
+    # a slot per other CTA of the cluster and per warpgroup holding rows of O (one with SPLIT_KEYS), and its two
+    # mbarriers. The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 if split_keys else 64 * consumers, head_dim, 2),
             Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
             *([Buffer("ones for the row sums, P·ones (SPECULATE)", 8, 64, 2)] if params["SPECULATE"] else []),
             *([Buffer(f"partial results (x {consumers - 1}, SPLIT_KEYS)", (consumers - 1) * 128, head_dim // 2 + 4, 4)]
               if split_keys else []),
+            *([Buffer(f"inbox of the cluster's partial results (x {senders}, CLUSTER_KEYS)", senders * 128,
+                      head_dim // 2 + 4, 4), Buffer("the inbox's mbarriers", 2, 8, 1)] if senders else []),
             Buffer("mbarriers and the work item", 3 + 3 * stages, 8, 1),
             Buffer("alignment slack", 1, 1024, 1)]
 
@@ -284,6 +288,11 @@ def _p09_refuses(params: dict) -> str | None:
                 "PERSISTENT=0")
     if params["DYNAMIC"] not in (0, 1, 2):
         return "DYNAMIC: 0 (a fixed round robin), 1 (the work counter always) or 2 (the counter under a causal mask)"
+    if params["CLUSTER_KEYS"] not in (1, 2, 4):
+        return "CLUSTER_KEYS: 1 (no cluster), 2 or 4 CTAs split a work item's key tiles"
+    if params["CLUSTER_KEYS"] > 1 and (not params["OVERLAP"] or params["CARRY_OVER"] or params["DYNAMIC"]):
+        return ("CLUSTER_KEYS=2 or 4 splits the overlapped steps' key tiles, keeps an item's last P·V in the item, and "
+                "hands a cluster's CTAs the same items in a fixed order: set OVERLAP=1, CARRY_OVER=0 and DYNAMIC=0")
     if params["SPLIT_KEYS"] and (not params["OVERLAP"] or params["CARRY_OVER"]):
         return ("SPLIT_KEYS=1 splits the overlapped steps' key tiles, and keeps an item's last P·V in the item: "
                 "set OVERLAP=1 and CARRY_OVER=0")
@@ -323,6 +332,9 @@ def _p09_refuses(params: dict) -> str | None:
     return None
 
 
+# Phase 9's CLUSTER_KEYS builds: two CTAs per item on 64-key tiles, a fixed round robin (the CTAs of a cluster take
+# the same items, so no work counter).
+_CLUSTER_KEYS = {"CLUSTER_KEYS": 2, "DYNAMIC": 0, "BLOCK_N": 64, "STAGES": 4, "BLOCK_N_D128": 64, "STAGES_D128": 3}
 # Phase 9 without OVERLAP: what needs it goes too (ping-pong, speculation, carry-over), and the wide wgmmas (refused).
 _NO_OVERLAP = {"PINGPONG": 0, "OVERLAP": 0, "SPECULATE": 0, "WIDE_WGMMA": 0, "CARRY_OVER": 0}
 
@@ -640,7 +652,7 @@ _REGISTRY = [
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 2,
                      "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "SPLIT_KEYS": 0,
-                     "TRACE": 0},
+                     "CLUSTER_KEYS": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -689,14 +701,18 @@ _REGISTRY = [
             # Two consumers split a 64-row item's key tiles, and combine their results in shared memory: the chain
             # of steps per item is half as long, but the two warpgroups share one SM's four schedulers (at the
             # mission shape it ties with the 64-row build). 64-key tiles (the ring must hold CONSUMERS + 1 of them,
-            # and at D = 128 the partial results need the room). A candidate of `attention`. Known open: synccheck
-            # reports "divergent threads" at its second combine barrier, which consumer 0 and the others reach
-            # through two bar.sync instructions (warp-uniform branches; the outputs are right, memcheck and
-            # racecheck clean). The fix, one bar.sync for all, changes the kernel and every p09 record with it:
-            # until it is made, test_compute_sanitizer_clean[synccheck] fails on this build.
+            # and at D = 128 the partial results need the room). A candidate of `attention`.
             variant("two consumers split a 64-row item's keys (64-key tiles)",
                     {"SPLIT_KEYS": 1, "BLOCK_N": 64, "STAGES": 4, "BLOCK_N_D128": 64, "STAGES_D128": 3}, "test",
                     "sanitize", candidate="split-keys"),
+            # Two CTAs of a cluster split a 64-row item's keys, each on its own SM, and CTA 0 combines the two
+            # partial results (distributed shared memory). For problems of at most half a wave of 64-row items: the
+            # mission shape has 64 of them, 128 CTAs for 132 SMs. 64-key tiles (exploration runs on the H100: 128-key
+            # tiles and two consumers per CTA splitting again were no faster at the mission shape); a fixed round robin
+            # (the cluster's CTAs must take the same items). A candidate of `attention`.
+            variant("two CTAs of a cluster split a 64-row item's keys (64-key tiles)",
+                    {**_CLUSTER_KEYS, "CONSUMERS": 1, "CONSUMERS_D128": 1}, "test", "sanitize",
+                    candidate="cluster-keys"),
             variant("three consumers, Q in registers, 64-key tiles (D=64)", {"CONSUMERS": 3, "BLOCK_N": 64},
                     "ablation", "test"),
             variant("Q from shared memory (D=128)", {"Q_IN_SHARED_D128": 1}, "ablation", "test", "sanitize"),
@@ -710,6 +726,16 @@ _REGISTRY = [
                     {"PERSISTENT_CTAS": 3, "PINGPONG": 0, "SPLIT_KEYS": 1, "BLOCK_N": 64, "STAGES": 4, "Q_IN_SHARED": 1,
                      "BLOCK_N_D128": 64, "STAGES_D128": 3, "Q_IN_SHARED_D128": 1}, "test", "sanitize"),
             variant("3 persistent CTAs, no ping-pong", {"PERSISTENT_CTAS": 3, "PINGPONG": 0}, "test"),
+            # Clusters that take several items each: CTA 0's inbox takes the next item's partial results only once
+            # it has read the last ones; two warpgroups per CTA hold rows (128-row items), or one after an in-CTA split.
+            variant("4 persistent CTAs in clusters of 2, two consumers split the keys again, Q from shared memory, "
+                    "no ping-pong", {**_CLUSTER_KEYS, "PERSISTENT_CTAS": 4, "PINGPONG": 0, "SPLIT_KEYS": 1,
+                                     "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 1}, "test", "sanitize"),
+            variant("6 persistent CTAs in clusters of 2, 128-row items", {**_CLUSTER_KEYS, "PERSISTENT_CTAS": 6},
+                    "test", "sanitize"),
+            variant("8 persistent CTAs in clusters of 4, 64-row items",
+                    {**_CLUSTER_KEYS, "CLUSTER_KEYS": 4, "PERSISTENT_CTAS": 8, "CONSUMERS": 1, "CONSUMERS_D128": 1},
+                    "test"),
             variant("2 persistent CTAs, no overlap, 2 stages", {**_NO_OVERLAP, "PERSISTENT_CTAS": 2, "STAGES": 2},
                     "test", "sanitize"),
             # the other shapes of the ring and the CTA

@@ -23,7 +23,7 @@
 //   PERSISTENT=1 one CTA per SM walks the work items (query tiles of a head; causal: the longest
 //              first), so the producer loads the next item's Q and K while the consumers finish
 //              this one, and no SM waits for a new CTA to start.
-//   SNAKE=1    (with PERSISTENT, where no counter runs) the CTAs take a round of gridDim.x items each in turn, every other round
+//   SNAKE=1    (with PERSISTENT, where no counter runs) the CTAs take rounds of items, one each, every other round
 //              in reverse, so under a causal mask the CTA that took a round's shortest tile takes the next
 //              round's longest;
 //   CAUSAL_GROUP_MB=n  the causal work order takes the heads in groups, longest tiles first within a group,
@@ -66,7 +66,14 @@
 //              tiles between them (consumer c takes tiles c, c + CONSUMERS, ...), each keeping its own O, row
 //              maxima and sums; at the end the others leave theirs in shared memory and consumer 0 combines
 //              them and writes O. For problems too small to fill the GPU: a warpgroup walks a third or half
-//              of the keys in a row, and the item's chain of steps is that much shorter;
+//              of the keys in a row, and the item's chain of steps is that much shorter. The warpgroups share one
+//              SM's tensor cores and schedulers, and at the mission shape it ties with one consumer (chapter 9);
+//   CLUSTER_KEYS=n (with OVERLAP, not CARRY_OVER or the counter) the n CTAs of a thread-block cluster take the
+//              same work item and split its key tiles (CTA r takes tiles r, r + n, ...; with SPLIT_KEYS its
+//              consumers split those again). The others send their partial results into CTA 0's shared memory
+//              (distributed shared memory: asynchronous stores whose bytes an mbarrier of CTA 0 counts), and CTA 0
+//              combines them and writes O. For problems too small to fill the GPU: one item's keys on the tensor
+//              cores and MUFUs of n SMs;
 // TRACE=1 is the instrumented build (common/trace.cuh; off by default, and then the machine code is the
 // uninstrumented kernel's): one thread of each warpgroup of CTA 0 stamps every copy issued, barrier wait,
 // wgmma issued and waited for, softmax, epilogue and ping-pong turn, for chapter 9's measured timeline
@@ -87,6 +94,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "common/cluster.cuh"
 #include "common/dispatch.cuh"
 #include "common/launch.cuh"
 #include "common/mbarrier.cuh"
@@ -154,6 +162,9 @@
 #ifndef SPLIT_KEYS
 #define SPLIT_KEYS 0
 #endif
+#ifndef CLUSTER_KEYS
+#define CLUSTER_KEYS 1
+#endif
 #ifndef SPECULATE
 #define SPECULATE 1
 #endif
@@ -207,27 +218,51 @@ __device__ __forceinline__ void warp_scores(Rows& rows, const unsigned char* q_t
   }
 }
 
-// SPLIT_KEYS: consumer warpgroups that took different key tiles of the same 64 rows combine their results
-// before the epilogue. A thread holds the same rows and columns in every warpgroup (common/wgmma_attention.cuh),
-// so thread i hands its partial (O un-normalised, its rows' maxima and sums: kPartialFloats floats) to thread i
-// of consumer 0, through a slot in shared memory laid out value by value, 128 threads wide (a warp's accesses hit
-// 32 banks). The row sums are P·ones (SPECULATE) or this lane's share of them.
+// SPLIT_KEYS and CLUSTER_KEYS: warpgroups that took different key tiles of the same 64 rows combine their results
+// before the epilogue. A thread holds the same rows and columns in every warpgroup (common/wgmma_attention.cuh), so
+// thread i hands its partial result to thread i of the warpgroup that combines: kPartialFloats values, O's
+// accumulators (un-normalised), then its rows' two maxima, then their two sums (P·ones with SPECULATE, otherwise
+// this lane's share). A slot holds them 4 by 4, each thread's float4 j beside the other threads' float4 j, so that
+// a warp's float4 accesses cover 512 contiguous bytes, every bank four times.
 template <int kHeadDim>
 constexpr int kPartialFloats = kHeadDim / 2 + 4;
+
+__device__ __forceinline__ constexpr int partial_offset(int j, int thread) { return (j * 128 + thread) * 4; }
 
 template <typename Rows>
 __device__ __forceinline__ float& partial_sum(Rows& rows, int h) {
   return SPECULATE ? rows.sum_acc[2 * h] : rows.row_sum[h];
 }
 
+// Float4 j of this thread's partial result.
+template <int kHeadDim, typename Rows>
+__device__ __forceinline__ float4 partial_quad(Rows& rows, int j) {
+  if (j < kHeadDim / 8) {
+    const float* o = rows.output() + 4 * j;
+    return make_float4(o[0], o[1], o[2], o[3]);
+  }
+  return make_float4(rows.row_max[0], rows.row_max[1], partial_sum(rows, 0), partial_sum(rows, 1));
+}
+
 template <int kHeadDim, typename Rows>
 __device__ __forceinline__ void store_partial(Rows& rows, float* slot, int thread) {
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) slot[i * 128 + thread] = rows.output()[i];
+  for (int j = 0; j < kPartialFloats<kHeadDim> / 4; ++j)
+    *reinterpret_cast<float4*>(slot + partial_offset(j, thread)) = partial_quad<kHeadDim>(rows, j);
+}
+
+// CLUSTER_KEYS: the same into a slot of another CTA's shared memory (a shared::cluster address), by asynchronous
+// stores that each count their bytes on that CTA's mbarrier `bar` once written. No release fence is needed: the
+// barrier's phase completes when the bytes have landed. (Plain remote stores and then a release arrival took
+// about 0.8 us more per send in a diagnostic trace on the H100: the arrival waits for every store to land.)
+template <int kHeadDim, typename Rows>
+__device__ __forceinline__ void send_partial(Rows& rows, uint32_t slot, uint32_t bar, int thread) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    slot[(kHeadDim / 2 + h) * 128 + thread] = rows.row_max[h];
-    slot[(kHeadDim / 2 + 2 + h) * 128 + thread] = partial_sum(rows, h);
+  for (int j = 0; j < kPartialFloats<kHeadDim> / 4; ++j) {
+    const float4 v = partial_quad<kHeadDim>(rows, j);
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(slot + 4 * partial_offset(j, thread)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+                 : "memory");
   }
 }
 
@@ -235,22 +270,55 @@ __device__ __forceinline__ void store_partial(Rows& rows, float* slot, int threa
 // key has maximum -inf, sum 0 and O 0, and weighs nothing).
 template <int kHeadDim, typename Rows>
 __device__ __forceinline__ void merge_partial(Rows& rows, const float* slot, int thread) {
+  const float4 theirs_stats = *reinterpret_cast<const float4*>(slot + partial_offset(kHeadDim / 8, thread));
+  const float other_max[2] = {theirs_stats.x, theirs_stats.y}, other_sum[2] = {theirs_stats.z, theirs_stats.w};
   float mine[2], theirs[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float other_max = slot[(kHeadDim / 2 + h) * 128 + thread];
-    const float new_max = fmaxf(rows.row_max[h], other_max);
+    const float new_max = fmaxf(rows.row_max[h], other_max[h]);
     const float base = new_max == -INFINITY ? 0.f : new_max;
     mine[h] = fast_exp2(rows.row_max[h] - base);
-    theirs[h] = fast_exp2(other_max - base);
+    theirs[h] = fast_exp2(other_max[h] - base);
     rows.row_max[h] = new_max;
-    partial_sum(rows, h) = partial_sum(rows, h) * mine[h] + slot[(kHeadDim / 2 + 2 + h) * 128 + thread] * theirs[h];
+    partial_sum(rows, h) = partial_sum(rows, h) * mine[h] + other_sum[h] * theirs[h];
   }
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) {
-    const int h = i % 4 / 2;   // accumulator element i is row g (h = 0) or g + 8 (h = 1)
-    rows.output()[i] = rows.output()[i] * mine[h] + slot[i * 128 + thread] * theirs[h];
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const float4 o = *reinterpret_cast<const float4*>(slot + partial_offset(j, thread));
+    const float other[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = 4 * j + k, h = i % 4 / 2;   // accumulator element i is row g (h = 0) or g + 8 (h = 1)
+      rows.output()[i] = rows.output()[i] * mine[h] + other[k] * theirs[h];
+    }
   }
+}
+
+// CLUSTER_KEYS: arrives once at the counterpart of this CTA's mbarrier `bar` in the cluster's CTA `rank`, with
+// release at cluster scope (this thread's earlier accesses come before whatever its waiters do next).
+__device__ __forceinline__ void mbarrier_arrive_remote(uint64_t* bar, uint32_t rank) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_map(bar, rank))
+               : "memory");
+}
+
+// Waits for the phase of parity `phase` of this CTA's mbarrier, with acquire at cluster scope: what other CTAs
+// released with their arrivals, or wrote by st.async, is visible.
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred complete;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 complete, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, complete;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(phase)
+        : "memory");
+  }
+}
+
+// A share of `count` key tiles taken every `shares`th from `first`: how many of them fall to it.
+__device__ __forceinline__ int share_of(int count, int first, int shares) {
+  return max(0, (count - first + shares - 1) / shares);
 }
 
 template <int kHeadDim>
@@ -261,6 +329,13 @@ struct Tiles {
   // SPLIT_KEYS: the consumers share one 64-row Q tile and split its keys (with one consumer, nothing to split)
   static constexpr bool kSplitKeys = SPLIT_KEYS && kConsumers > 1;
   static constexpr int kBlockM = kSplitKeys ? 64 : 64 * kConsumers;
+  // CLUSTER_KEYS: the CTAs of a cluster split an item's key tiles, and CTA 0 combines their results in its inbox:
+  // a slot for each other CTA and each warpgroup that holds rows of O after the CTA's own combine (SPLIT_KEYS:
+  // consumer 0), and two mbarriers (the slots are full; CTA 0 has read them, one in every other CTA).
+  static constexpr int kClusterKeys = CLUSTER_KEYS;
+  static constexpr int kHolders = kSplitKeys ? 1 : kConsumers;
+  static constexpr int kInboxBytes =
+      kClusterKeys > 1 ? (kClusterKeys - 1) * kHolders * 128 * kPartialFloats<kHeadDim> * 4 + 16 : 0;
   static constexpr int kBlockN = kHeadDim == 128 ? BLOCK_N_D128 : BLOCK_N;
   static constexpr int kStages = kHeadDim == 128 ? STAGES_D128 : STAGES;
   static constexpr bool kPingPong = PINGPONG && kConsumers > 1;   // one consumer has no one to take turns with
@@ -283,8 +358,8 @@ struct Tiles {
   // SPLIT_KEYS: consumers 1.. leave their partial results here for consumer 0 (kPartialFloats per thread each)
   static constexpr int kPartialBytes = kSplitKeys ? (kConsumers - 1) * 128 * kPartialFloats<kHeadDim> * 4 : 0;
   static constexpr int kBarrierBytes = 8 * (3 + 3 * kStages);   // the barriers and the item
-  static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kPartialBytes + kBarrierBytes + 1024;   // + room to align
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kOnesBytes + kPartialBytes + kInboxBytes +
+                                    kBarrierBytes + 1024;   // + room to align
 
   static_assert(kConsumers >= 1 && kConsumers <= 3,
                 "CONSUMERS(_D128) must be 1, 2 or 3 (64 query rows each)");
@@ -302,6 +377,10 @@ struct Tiles {
   // (1.17x it at 1x8x512x128 in bf16, one seed of four; 0.49x without SPECULATE; two consumers 0.67x). Not
   // understood yet, so not built.
   static_assert(!kSplitKeys || kConsumers == 2 || !SPECULATE, "SPLIT_KEYS with SPECULATE: two consumers only");
+  static_assert(CLUSTER_KEYS == 1 || CLUSTER_KEYS == 2 || CLUSTER_KEYS == 4, "CLUSTER_KEYS: 1, 2 or 4 CTAs");
+  static_assert(CLUSTER_KEYS == 1 || (OVERLAP && !CARRY_OVER && DYNAMIC == 0),
+                "CLUSTER_KEYS splits the overlapped steps' key tiles, keeps an item's last P·V in the item, and "
+                "gives a cluster's CTAs the same items by a fixed round robin (DYNAMIC=0)");
   static_assert(!PINGPONG || OVERLAP, "PINGPONG alternates the warpgroups' GEMM bursts, which OVERLAP forms");
   static_assert(!SPECULATE || OVERLAP, "SPECULATE changes the overlapped step's softmax");
   static_assert(!CARRY_OVER || OVERLAP, "CARRY_OVER moves the overlapped steps' last P·V into the next item's first");
@@ -334,12 +413,16 @@ struct WorkOrder {
   int m_tiles, heads, group_size;
 };
 
+// The takers of work items, one per CTA or (CLUSTER_KEYS) per cluster, and this CTA's place among them.
+__device__ __forceinline__ int item_places() { return gridDim.x / CLUSTER_KEYS; }
+__device__ __forceinline__ int item_place() { return blockIdx.x / CLUSTER_KEYS; }
+
 template <int kBlockM>
 __device__ __forceinline__ WorkOrder work_order(const FlashParams& params) {
   const int m_tiles = (params.seqlen_q + kBlockM - 1) / kBlockM, heads = params.heads * params.batch;
   const long long kv_bytes = 4LL * params.seqlen_k * params.head_dim;   // one head's K and V, 2 bytes each
   const long long fit = CAUSAL_GROUP_MB * (1LL << 20) / kv_bytes;       // heads whose K and V fit the budget
-  const long long size = min(min(static_cast<long long>(heads), gridDim.x / 2LL), fit);
+  const long long size = min(min(static_cast<long long>(heads), item_places() / 2LL), fit);
   return {m_tiles, heads, CAUSAL_GROUP_MB == 0 || !params.causal ? heads : static_cast<int>(max(1LL, size))};
 }
 
@@ -360,11 +443,11 @@ __device__ __forceinline__ WorkItem work_item(int index, const WorkOrder& order,
   return {head % params.heads, head / params.heads, first_row, (key_end + kBlockN - 1) / kBlockN};
 }
 
-// The work item this CTA takes in round `round` (rounds of gridDim.x items, in work_item's order): its own
+// The work item this CTA takes in round `round` (rounds of item_places() items, in work_item's order): its own
 // place in the round, or (SNAKE) every other round the place counted from the other end.
 __device__ __forceinline__ int item_of_round(int round) {
-  const int place = SNAKE && (round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  return round * gridDim.x + place;
+  const int place = SNAKE && (round & 1) ? item_places() - 1 - item_place() : item_place();
+  return round * item_places() + place;
 }
 
 // DYNAMIC: the work counters. Each launch takes the next of kCounterSlots slots in turn (launch()), so two
@@ -403,7 +486,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   unsigned char* const v_tiles = k_tiles + kStages * Cfg::kKvBytes;
   unsigned char* const ones = v_tiles + kStages * Cfg::kKvBytes;   // SPECULATE: 16-bit ones, B of P·ones
   float* const partials = reinterpret_cast<float*>(ones + Cfg::kOnesBytes);   // SPLIT_KEYS: consumers 1.. leave O here
-  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(ones + Cfg::kOnesBytes + Cfg::kPartialBytes);
+  float* const inbox = reinterpret_cast<float*>(ones + Cfg::kOnesBytes + Cfg::kPartialBytes);   // CLUSTER_KEYS
+  uint64_t* const inbox_full =   // the inbox's two mbarriers end it
+      reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(inbox) + Cfg::kInboxBytes) - 2;
+  uint64_t* const inbox_empty = inbox_full + 1;
+  Barriers<kStages>& bars = *reinterpret_cast<Barriers<kStages>*>(ones + Cfg::kOnesBytes + Cfg::kPartialBytes +
+                                                                  Cfg::kInboxBytes);
+  // CLUSTER_KEYS: this CTA's rank in its cluster, its share of each item's key tiles
+  const int rank = blockIdx.x % Cfg::kClusterKeys;
 
   // Read through a shuffle, the warpgroup index is visibly the same across a warp: without that,
   // ptxas treats branches on it as divergent and serialises the wgmmas inside them.
@@ -424,6 +514,10 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       mbarrier_init(&bars.v_full[s], 1);
       mbarrier_init(&bars.empty[s], Cfg::kSplitKeys ? 4 : kConsumerWarps);   // SPLIT_KEYS: one warpgroup reads a tile
     }
+    if constexpr (Cfg::kClusterKeys > 1) {   // one arrival and the sends' bytes; CTA 0's holder threads
+      mbarrier_init(inbox_full, 1);
+      mbarrier_init(inbox_empty, Cfg::kHolders * 128);
+    }
     fence_mbarrier_init();
   }
   if constexpr (SPECULATE) {
@@ -432,6 +526,9 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     fence_proxy_async();   // these writes come before the wgmmas that read them
   }
   __syncthreads();
+  // CLUSTER_KEYS: "this CTA is running, its barriers set up"; a CTA waits for the others' arrival before it first
+  // writes into their shared memory.
+  if constexpr (Cfg::kClusterKeys > 1) cluster_arrive_relaxed();
 
   if (warpgroup == 0) {   // the producer
     if constexpr (Cfg::kSplitRegisters) setmaxnreg_dec<Cfg::kProducerRegisters>();
@@ -440,7 +537,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       trace.begin();
       int ring_base = 0, items_done = 0;
       // Every CTA's first item is its own place in the first round; the counter (kDynamic) then counts the items taken.
-      for (int index = blockIdx.x; index < work_items; ++items_done) {
+      for (int index = item_place(); index < work_items; ++items_done) {
         const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
         // Q's buffer is free once every consumer warp has its rows of the previous Q in registers.
         if (items_done > 0) {
@@ -457,8 +554,11 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         // The next item, asked for now: the counter's answer takes a trip to L2, which this item's copies hide.
         const int next = kDynamic ? static_cast<int>(gridDim.x + atomicAdd(&work_counters[counter_slot][0], 1u))
                                  : item_of_round(items_done + 1);
-        for (int tile = 0; tile < item.key_tiles; ++tile) {
+        // CLUSTER_KEYS: this CTA's share of the item's key tiles, into consecutive entries of its ring
+        const int cta_tiles = share_of(item.key_tiles, rank, Cfg::kClusterKeys);
+        for (int tile = 0; tile < cta_tiles; ++tile) {
           const int entry = ring_base + tile, s = buffer(entry);
+          const int first_key = (rank + tile * Cfg::kClusterKeys) * Cfg::kBlockN;
           // The buffer's previous entry must have been released by every consumer warp.
           if (entry >= kStages) {
             trace.stamp(kTraceEmptyWaitBegin, items_done, tile);
@@ -470,14 +570,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
 #pragma unroll
           for (int c = 0; c < kDBlocks; ++c)
             tma_load<4>(k_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.k, &bars.k_full[s],
-                        {c * 64, tile * Cfg::kBlockN, item.head, item.batch});
+                        {c * 64, first_key, item.head, item.batch});
           mbarrier_arrive_expect_tx(&bars.v_full[s], Cfg::kKvBytes);
 #pragma unroll
           for (int c = 0; c < kDBlocks; ++c)
             tma_load<4>(v_tiles + s * Cfg::kKvBytes + c * Cfg::kBlockN * 128, &maps.v, &bars.v_full[s],
-                        {c * 64, tile * Cfg::kBlockN, item.head, item.batch});
+                        {c * 64, first_key, item.head, item.batch});
         }
-        ring_base += item.key_tiles;
+        ring_base += cta_tiles;
         index = next;
       }
       if constexpr (kDynamic) {   // tell the consumers there is no next item, once they are done with Q
@@ -506,7 +606,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   trace.begin();
 
   // The current work item, as the lambdas below see it (items_done: how many this CTA finished before it;
-  // my_tiles: how many of its key tiles this warpgroup's rows see and it takes).
+  // key_tiles: how many of its key tiles this CTA takes (CLUSTER_KEYS: its share); my_tiles: how many of those
+  // this warpgroup's rows see and it takes).
   int ring_base = 0, key_tiles = 0, my_tiles = 0, group_row = 0, warp_row = 0, items_done = 0;
   // its registers, math (SPECULATE: the row sums as P·ones)
   WarpgroupAttention<T, kHeadDim, Cfg::kBlockN, 0, false, false, SPECULATE, WIDE_WGMMA> rows;
@@ -519,10 +620,13 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   };
   // This warpgroup's `step`th key tile of the item: every tile, or (SPLIT_KEYS) every kConsumers-th from its own.
   const auto tile_of = [&](int step) { return Cfg::kSplitKeys ? consumer + step * Cfg::kConsumers : step; };
+  // The place of this CTA's tile `tile` among the item's (CLUSTER_KEYS: every kClusterKeys-th from its rank).
+  const auto key_block = [&](int tile) { return rank + tile * Cfg::kClusterKeys; };
   const auto key_tile = [&](int step) { return KeyTile{ring_base + tile_of(step), items_done, tile_of(step)}; };
   // A consumer warp releases a buffer once its wgmmas have read it (waited for); the producer refills
-  // it after all kConsumerWarps have (SPLIT_KEYS: the 4 warps of the warpgroup that took it). A tile a warpgroup skips (causal) is waited for first, so that
-  // the release counts toward that entry's use of the buffer and not an earlier one's.
+  // it after all kConsumerWarps have (SPLIT_KEYS: the 4 warps of the warpgroup that took it). A tile a
+  // warpgroup skips (causal) is waited for first, so that the release counts toward that entry's use of the
+  // buffer and not an earlier one's.
   const auto release = [&](KeyTile at) {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.empty[buffer(at.entry)]);
@@ -587,8 +691,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
   auto softmax = [&](int step, float (&correction)[2], auto speculate) {
     const int tile = tile_of(step);
     trace.stamp(kTraceSoftmaxBegin, items_done, tile);
-    rows.template softmax<decltype(speculate)::value>(tile * Cfg::kBlockN, params, group_row, warp_row, t, score_scale,
-                                                      correction);
+    rows.template softmax<decltype(speculate)::value>(key_block(tile) * Cfg::kBlockN, params, group_row, warp_row, t,
+                                                      score_scale, correction);
     trace.stamp(kTraceSoftmaxEnd, items_done, tile);
   };
   // The epilogue: this warpgroup's rows of O of work item `done` (the CTA's `number`th), normalised and
@@ -600,24 +704,51 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     trace.stamp(kTraceEpilogueEnd, number);
   };
   // SPLIT_KEYS: the item's end. Consumers 1.. leave their partial results in shared memory, and consumer 0
-  // combines them into its own and writes O. Named barrier kPartialsReady: the partials are there; kPartialsRead:
-  // consumer 0 has them in registers, so the slots may take the next item's. (Every consumer waits at both:
-  // compute-sanitizer's racecheck reads consumer 0's mere arrival at the second as no ordering of its reads
-  // before the others' next writes.)
+  // combines them into its own. Named barrier kPartialsReady: the partials are there; kPartialsRead: consumer 0
+  // has them in registers, so the slots may take the next item's. (Every consumer waits at both, through one
+  // bar.sync each: racecheck reads a mere arrival as no ordering of consumer 0's reads before the others' next
+  // writes, and synccheck calls two bar.syncs of one barrier in the two sides of a branch divergent.)
+  // CLUSTER_KEYS: then the warpgroups holding rows of O in the other CTAs send theirs into CTA 0's inbox, and CTA
+  // 0's combine them. One thread of CTA 0 tells inbox_full how many bytes the sends bring; where the cluster has a
+  // next item, CTA 0's holders then arrive at every other CTA's inbox_empty, so that its slot may take the next
+  // item's. After the last item nobody arrives there, so a CTA may exit once it has sent.
   constexpr uint32_t kPartialsReady = 1 + 3, kPartialsRead = 2 + 3;   // after the ping-pong barriers 1..3
+  constexpr bool kCombines = Cfg::kSplitKeys || Cfg::kClusterKeys > 1;
+  const bool holder = !Cfg::kSplitKeys || consumer == 0;   // holds rows of O once the CTA has combined its own
   const auto combine_and_write = [&](const WorkItem& done, int number) {
     constexpr int kSlotFloats = kPartialFloats<kHeadDim> * 128;
-    constexpr uint32_t kThreads = 128 * Cfg::kConsumers;
-    if (consumer > 0) store_partial<kHeadDim>(rows, partials + (consumer - 1) * kSlotFloats, threadIdx.x % 128);
-    named_barrier_sync(kPartialsReady, kThreads);
-    if (consumer == 0) {
-      for (int c = 1; c < Cfg::kConsumers; ++c)
-        merge_partial<kHeadDim>(rows, partials + (c - 1) * kSlotFloats, threadIdx.x % 128);
+    const int thread = threadIdx.x % 128;
+    if constexpr (Cfg::kSplitKeys) {
+      constexpr uint32_t kThreads = 128 * Cfg::kConsumers;
+      if (consumer > 0) store_partial<kHeadDim>(rows, partials + (consumer - 1) * kSlotFloats, thread);
+      named_barrier_sync(kPartialsReady, kThreads);
+      if (consumer == 0)
+        for (int c = 1; c < Cfg::kConsumers; ++c)
+          merge_partial<kHeadDim>(rows, partials + (c - 1) * kSlotFloats, thread);
       named_barrier_sync(kPartialsRead, kThreads);
-      write_output(done, number);
-    } else {
-      named_barrier_sync(kPartialsRead, kThreads);
+      if (!holder) return;
     }
+    if constexpr (Cfg::kClusterKeys > 1) {
+      // CTA `from`'s slot for this warpgroup's rows
+      const auto slot = [&](int from) {
+        return inbox + ((from - 1) * Cfg::kHolders + (Cfg::kSplitKeys ? 0 : consumer)) * kSlotFloats;
+      };
+      if (rank > 0) {
+        if (number == 0)
+          cluster_wait();   // every CTA of the cluster is running: CTA 0's shared memory may be written
+        else
+          mbarrier_wait_cluster(inbox_empty, (number - 1) & 1);   // CTA 0 has read the last item's
+        send_partial<kHeadDim>(rows, cluster_map(slot(rank), 0), cluster_map(inbox_full, 0), thread);
+        return;
+      }
+      if (threadIdx.x == 128)   // consumer 0's first thread, which waited for the last item's sends itself
+        mbarrier_arrive_expect_tx(inbox_full, (Cfg::kClusterKeys - 1) * Cfg::kHolders * kSlotFloats * 4);
+      mbarrier_wait_cluster(inbox_full, number & 1);
+      for (int from = 1; from < Cfg::kClusterKeys; ++from) merge_partial<kHeadDim>(rows, slot(from), thread);
+      if (item_of_round(number + 1) < work_items)
+        for (int from = 1; from < Cfg::kClusterKeys; ++from) mbarrier_arrive_remote(inbox_empty, from);
+    }
+    write_output(done, number);
   };
 
   // Ping-pong: named barrier 1 + c is consumer c's turn to issue wgmmas; each hands the turn to the next
@@ -668,13 +799,15 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     const int index = kDynamic ? __shfl_sync(0xffffffffu, lane == 0 ? bars.item : 0, 0) : item_of_round(items_done);
     if (index >= work_items) break;
     const WorkItem item = work_item<Cfg::kBlockM, Cfg::kBlockN>(index, order, params);
-    key_tiles = item.key_tiles;
+    key_tiles = share_of(item.key_tiles, rank, Cfg::kClusterKeys);
     group_row = item.first_row + q_offset;   // this warpgroup's first query row
     warp_row = group_row + warp * 16 + g;    // this lane's rows: warp_row and + 8
     // Causal: this warpgroup's rows see only the item's first `my_tiles` key tiles; the producer loads them all.
-    my_tiles = params.causal ? min(key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : key_tiles;
-    // SPLIT_KEYS: its share of them (none, where the item has fewer tiles than consumers)
-    if (Cfg::kSplitKeys) my_tiles = max(0, (my_tiles - consumer + Cfg::kConsumers - 1) / Cfg::kConsumers);
+    my_tiles = params.causal ? min(item.key_tiles, (group_row + 64 + Cfg::kBlockN - 1) / Cfg::kBlockN) : item.key_tiles;
+    // CLUSTER_KEYS: the CTA's share of them; SPLIT_KEYS: the warpgroup's share of that (none, where the item has
+    // fewer tiles than takers)
+    my_tiles = share_of(my_tiles, rank, Cfg::kClusterKeys);
+    if (Cfg::kSplitKeys) my_tiles = share_of(my_tiles, consumer, Cfg::kConsumers);
 
     if constexpr (!kDynamic) {
       trace.stamp(kTraceQWaitBegin, items_done);
@@ -758,7 +891,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           if (SPECULATE && __any_sync(0xffffffffu, rows.risen)) {
             warp_scores<Cfg::kQInShared>(rows, q_tile, Cfg::kBlockM, q_offset + warp * 16,
                                              k_tiles + buffer(key_tile(step).entry) * Cfg::kKvBytes, lane);
-            rows.softmax(tile_of(step) * Cfg::kBlockN, params, group_row, warp_row, t, score_scale, correction);
+            rows.softmax(key_block(tile_of(step)) * Cfg::kBlockN, params, group_row, warp_row, t, score_scale,
+                         correction);
             rows.rescale_output(correction);
             rows.pack_probabilities();
           }
@@ -771,14 +905,14 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
           wgmma_wait<0>();
           output_landed(key_tile(step - 1));
           release(key_tile(step - 1));
-          if (!Cfg::kSplitKeys) write_output(item, items_done);
+          if (!kCombines) write_output(item, items_done);
           if (!Cfg::kSplitKeys && step < key_tiles) skip(key_tile(step));
         } else {   // causal: a tile right of this warpgroup's diagonal (SPLIT_KEYS: a turn with no tile of its own)
           hand_over_turn(items_done, step);
           if (!Cfg::kSplitKeys && step < key_tiles) skip(key_tile(step));
         }
       }
-      if constexpr (Cfg::kSplitKeys) combine_and_write(item, items_done);
+      if constexpr (kCombines) combine_and_write(item, items_done);
       if (CARRY_OVER && my_tiles == key_tiles) waiting = index;
     } else {
       for (int tile = 0; tile < key_tiles; ++tile) {
@@ -843,7 +977,7 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   constexpr auto kKernel = attention_warpspec_kernel<T, kHeadDim, kDynamic>;
   const long long work_items =
       static_cast<long long>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.heads * p.batch;
-  if (work_items > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (work_items > 0x7fffffff / Cfg::kClusterKeys) return cudaErrorInvalidConfiguration;
   TensorMaps maps;
   cudaError_t err = make_map(&maps.q, p, p.q, p.q_strides, p.seqlen_q, Cfg::kBlockM);
   if (err == cudaSuccess) err = make_map(&maps.k, p, p.k, p.k_strides, p.seqlen_k, Cfg::kBlockN);
@@ -853,13 +987,31 @@ cudaError_t launch(cudaStream_t stream, const FlashParams& p) {
   if (err == cudaSuccess) err = allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes);
   if (err == cudaSuccess && PERSISTENT && PERSISTENT_CTAS <= 0) err = device_sm_count(device, &sms);
   if (err != cudaSuccess) return err;
-  // Persistent: one CTA per SM (each holds a whole SM's shared memory), walking the work items.
-  const long long ctas = PERSISTENT ? std::min<long long>(work_items, PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms)
-                                    : work_items;
+  // Persistent: one CTA per SM (each holds a whole SM's shared memory), walking the work items; CLUSTER_KEYS:
+  // one cluster of kClusterKeys CTAs per item.
+  const long long sm_places = std::max(1, (PERSISTENT_CTAS > 0 ? PERSISTENT_CTAS : sms) / Cfg::kClusterKeys);
+  const long long places = PERSISTENT ? std::min(work_items, sm_places) : work_items;
+  const auto ctas = static_cast<unsigned>(places * Cfg::kClusterKeys);
   const int counter_slot =
       kDynamic ? static_cast<int>(launches_started.fetch_add(1, std::memory_order_relaxed) % kCounterSlots) : 0;
-  kKernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, counter_slot);
-  return cudaGetLastError();
+  if constexpr (Cfg::kClusterKeys == 1) {
+    kKernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, counter_slot);
+    return cudaGetLastError();
+  } else {   // a cluster shape is a launch attribute
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Cfg::kClusterKeys;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kKernel, p, maps, counter_slot);
+  }
 }
 
 extern "C" size_t flashcore_smem_bytes(const FlashParams* params) {

@@ -183,6 +183,11 @@ def test_a_configuration_known_wrong_is_refused_before_it_is_built(tmp_path, mon
     assert "SPLIT_KEYS=1 needs STAGES >= CONSUMERS + 1" in p09.refuses(split3)
     assert "with SPECULATE=1 and three consumers missed the accuracy tolerance" in p09.refuses({**split3, "STAGES": 4})
     assert p09.refuses({**split3, "STAGES": 4, "SPECULATE": 0, "CONSUMERS_D128": 2}) is None
+    assert "CLUSTER_KEYS: 1 (no cluster), 2 or 4" in p09.refuses({**p09.tile_params, "CLUSTER_KEYS": 3})
+    cluster = {**p09.tile_params, "CLUSTER_KEYS": 2, "DYNAMIC": 0}
+    assert p09.refuses(cluster) is None
+    for wrong in ({"DYNAMIC": 2}, {"CARRY_OVER": 1}, {"OVERLAP": 0, "PINGPONG": 0, "SPECULATE": 0, "WIDE_WGMMA": 0}):
+        assert "CLUSTER_KEYS=2 or 4 splits the overlapped steps' key tiles" in p09.refuses({**cluster, **wrong})
     for phase in PHASES.values():
         for v in phase.variants:
             assert phase.refuses({**phase.tile_params, **v.defines}) is None, (phase.name, v.label)
