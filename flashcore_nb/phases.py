@@ -652,7 +652,7 @@ _REGISTRY = [
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 2,
                      "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "SPLIT_KEYS": 0,
-                     "CLUSTER_KEYS": 1, "TRACE": 0},
+                     "CLUSTER_KEYS": 1, "SEND_ASYNC": 1, "TRACE": 0},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -733,6 +733,9 @@ _REGISTRY = [
                                      "Q_IN_SHARED": 1, "Q_IN_SHARED_D128": 1}, "test", "sanitize"),
             variant("6 persistent CTAs in clusters of 2, 128-row items", {**_CLUSTER_KEYS, "PERSISTENT_CTAS": 6},
                     "test", "sanitize"),
+            # The cluster's first send (chapter 9): plain remote stores, then a release arrival, not st.async.
+            variant("two CTAs of a cluster split a 64-row item's keys, sending by plain stores",
+                    {**_CLUSTER_KEYS, "CONSUMERS": 1, "CONSUMERS_D128": 1, "SEND_ASYNC": 0}, "test", "sanitize"),
             variant("8 persistent CTAs in clusters of 4, 64-row items",
                     {**_CLUSTER_KEYS, "CLUSTER_KEYS": 4, "PERSISTENT_CTAS": 8, "CONSUMERS": 1, "CONSUMERS_D128": 1},
                     "test"),

@@ -74,6 +74,9 @@
 //              (distributed shared memory: asynchronous stores whose bytes an mbarrier of CTA 0 counts), and CTA 0
 //              combines them and writes O. For problems too small to fill the GPU: one item's keys on the tensor
 //              cores and MUFUs of n SMs;
+//   SEND_ASYNC=1 (with CLUSTER_KEYS) the sends are asynchronous stores (st.async) that count their bytes on CTA 0's
+//              mbarrier as they land; SEND_ASYNC=0 sends by plain stores into CTA 0's shared memory, then arrives
+//              there with release semantics, which waits for the stores to land (slower: chapter 9);
 // TRACE=1 is the instrumented build (common/trace.cuh; off by default, and then the machine code is the
 // uninstrumented kernel's): one thread of each warpgroup of CTA 0 stamps every copy issued, barrier wait,
 // wgmma issued and waited for, softmax, epilogue and ping-pong turn, for chapter 9's measured timeline
@@ -165,6 +168,9 @@
 #ifndef CLUSTER_KEYS
 #define CLUSTER_KEYS 1
 #endif
+#ifndef SEND_ASYNC
+#define SEND_ASYNC 1
+#endif
 #ifndef SPECULATE
 #define SPECULATE 1
 #endif
@@ -251,19 +257,26 @@ __device__ __forceinline__ void store_partial(Rows& rows, float* slot, int threa
     *reinterpret_cast<float4*>(slot + partial_offset(j, thread)) = partial_quad<kHeadDim>(rows, j);
 }
 
-// CLUSTER_KEYS: the same into a slot of another CTA's shared memory (a shared::cluster address), by asynchronous
-// stores that each count their bytes on that CTA's mbarrier `bar` once written. No release fence is needed: the
-// barrier's phase completes when the bytes have landed. (Plain remote stores and then a release arrival took
-// about 0.8 us more per send in a diagnostic trace on the H100: the arrival waits for every store to land.)
+// CLUSTER_KEYS: the same into a slot of another CTA's shared memory, announced to that CTA's mbarrier `bar` (both
+// shared::cluster addresses). SEND_ASYNC: by asynchronous stores that each count their bytes on `bar` once written,
+// so the barrier's phase completes when the bytes have landed, and no fence waits for them. Otherwise by plain
+// stores, then an arrival with release at cluster scope, which waits until every store has landed (about 0.8 us
+// more per send in a diagnostic trace on the H100).
 template <int kHeadDim, typename Rows>
 __device__ __forceinline__ void send_partial(Rows& rows, uint32_t slot, uint32_t bar, int thread) {
 #pragma unroll
   for (int j = 0; j < kPartialFloats<kHeadDim> / 4; ++j) {
     const float4 v = partial_quad<kHeadDim>(rows, j);
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
-                 ::"r"(slot + 4 * partial_offset(j, thread)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
-                 : "memory");
+    const uint32_t address = slot + 4 * partial_offset(j, thread);
+    if constexpr (SEND_ASYNC)
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                   ::"r"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+    else
+      asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                   ::"r"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
   }
+  if constexpr (!SEND_ASYNC)
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 // This thread's partial += the one in `slot`, both rescaled to the larger of the two maxima (a partial that saw no
@@ -514,8 +527,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       mbarrier_init(&bars.v_full[s], 1);
       mbarrier_init(&bars.empty[s], Cfg::kSplitKeys ? 4 : kConsumerWarps);   // SPLIT_KEYS: one warpgroup reads a tile
     }
-    if constexpr (Cfg::kClusterKeys > 1) {   // one arrival and the sends' bytes; CTA 0's holder threads
-      mbarrier_init(inbox_full, 1);
+    if constexpr (Cfg::kClusterKeys > 1) {   // CTA 0's arrival and the sends (their bytes, or their threads' arrivals)
+      mbarrier_init(inbox_full, 1 + (SEND_ASYNC ? 0 : (Cfg::kClusterKeys - 1) * Cfg::kHolders * 128));
       mbarrier_init(inbox_empty, Cfg::kHolders * 128);
     }
     fence_mbarrier_init();
@@ -741,8 +754,12 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
         send_partial<kHeadDim>(rows, cluster_map(slot(rank), 0), cluster_map(inbox_full, 0), thread);
         return;
       }
-      if (threadIdx.x == 128)   // consumer 0's first thread, which waited for the last item's sends itself
-        mbarrier_arrive_expect_tx(inbox_full, (Cfg::kClusterKeys - 1) * Cfg::kHolders * kSlotFloats * 4);
+      if (threadIdx.x == 128) {   // consumer 0's first thread, which waited for the last item's sends itself
+        if constexpr (SEND_ASYNC)
+          mbarrier_arrive_expect_tx(inbox_full, (Cfg::kClusterKeys - 1) * Cfg::kHolders * kSlotFloats * 4);
+        else
+          mbarrier_arrive(inbox_full);
+      }
       mbarrier_wait_cluster(inbox_full, number & 1);
       for (int from = 1; from < Cfg::kClusterKeys; ++from) merge_partial<kHeadDim>(rows, slot(from), thread);
       if (item_of_round(number + 1) < work_items)
