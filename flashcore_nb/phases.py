@@ -755,6 +755,8 @@ _REGISTRY = [
             variant("no ping-pong, no overlap (TRACE=1)", {**_NO_OVERLAP, "TRACE": 1}, "trace"),
             variant("one consumer, 64-row work items (TRACE=1)", {"TRACE": 1, "CONSUMERS": 1, "CONSUMERS_D128": 1},
                     "trace"),
+            variant("two CTAs of a cluster split a 64-row item's keys (TRACE=1)",
+                    {"TRACE": 1, **_CLUSTER_KEYS, "CONSUMERS": 1, "CONSUMERS_D128": 1}, "trace"),
         ),
     ),
     Phase(

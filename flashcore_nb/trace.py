@@ -29,9 +29,11 @@ from .phases import PHASES, get
 TAG = "trace"
 TRACED = [name for name, phase in PHASES.items() if phase.variants_tagged(TAG)]
 CASES = ("b4h16_s2048", "b2h16_s4096_d128")
-# Builds traced on cases of their own: the one-consumer candidate where `attention` chooses it, problems that leave
-# SMs idle (the mission shape: one work item per CTA, so where its time goes is one CTA's chain of steps).
-BUILD_CASES = {"one consumer, 64-row work items (TRACE=1)": ("mission", "b1h16_s512_d128")}
+# Builds traced on cases of their own: the one-consumer and cluster candidates where `attention` chooses them,
+# problems that leave SMs idle (the mission shape: one work item per CTA or cluster, so where its time goes is one
+# chain of steps; the trace sees CTA 0 of a cluster, the one that waits for the other's partial result).
+BUILD_CASES = {"one consumer, 64-row work items (TRACE=1)": ("mission", "b1h16_s512_d128"),
+               "two CTAs of a cluster split a 64-row item's keys (TRACE=1)": ("mission",)}
 RECORDED_ITEMS = 2   # CTA 0's first work item, and the start of its next (where a persistent CTA overlaps them)
 INSTRUMENTED = ("instrumented build (TRACE=1): one thread per warpgroup of CTA 0 stores a clock64 stamp per event; "
                 "its times are slightly longer than the uninstrumented kernel's, and it is never a timing")
