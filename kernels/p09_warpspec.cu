@@ -257,6 +257,12 @@ __device__ __forceinline__ void store_partial(Rows& rows, float* slot, int threa
     *reinterpret_cast<float4*>(slot + partial_offset(j, thread)) = partial_quad<kHeadDim>(rows, j);
 }
 
+// CLUSTER_KEYS: arrives once at the mbarrier at shared::cluster address `bar` (this CTA's or another's), with
+// release at cluster scope (this thread's earlier accesses come before whatever its waiters do next).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 // CLUSTER_KEYS: the same into a slot of another CTA's shared memory, announced to that CTA's mbarrier `bar` (both
 // shared::cluster addresses). SEND_ASYNC: by asynchronous stores that each count their bytes on `bar` once written,
 // so the barrier's phase completes when the bytes have landed, and no fence waits for them. Otherwise by plain
@@ -275,8 +281,7 @@ __device__ __forceinline__ void send_partial(Rows& rows, uint32_t slot, uint32_t
       asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
                    ::"r"(address), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
   }
-  if constexpr (!SEND_ASYNC)
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  if constexpr (!SEND_ASYNC) mbarrier_arrive_cluster(bar);
 }
 
 // This thread's partial += the one in `slot`, both rescaled to the larger of the two maxima (a partial that saw no
@@ -305,13 +310,6 @@ __device__ __forceinline__ void merge_partial(Rows& rows, const float* slot, int
       rows.output()[i] = rows.output()[i] * mine[h] + other[k] * theirs[h];
     }
   }
-}
-
-// CLUSTER_KEYS: arrives once at the counterpart of this CTA's mbarrier `bar` in the cluster's CTA `rank`, with
-// release at cluster scope (this thread's earlier accesses come before whatever its waiters do next).
-__device__ __forceinline__ void mbarrier_arrive_remote(uint64_t* bar, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_map(bar, rank))
-               : "memory");
 }
 
 // Waits for the phase of parity `phase` of this CTA's mbarrier, with acquire at cluster scope: what other CTAs
@@ -763,7 +761,7 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
       mbarrier_wait_cluster(inbox_full, number & 1);
       for (int from = 1; from < Cfg::kClusterKeys; ++from) merge_partial<kHeadDim>(rows, slot(from), thread);
       if (item_of_round(number + 1) < work_items)
-        for (int from = 1; from < Cfg::kClusterKeys; ++from) mbarrier_arrive_remote(inbox_empty, from);
+        for (int from = 1; from < Cfg::kClusterKeys; ++from) mbarrier_arrive_cluster(cluster_map(inbox_empty, from));
     }
     write_output(done, number);
   };
