@@ -118,6 +118,16 @@ def test_sanitizer_targets_are_those_this_gpu_can_hold(monkeypatch):
     assert "p05_tile64:BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4" not in targets
 
 
+def test_racecheck_leaves_out_only_the_cluster_handoff_builds(monkeypatch):
+    h100 = GpuInfo("NVIDIA H100 80GB HBM3", 90, 132, budget.GPUS["H100"].smem_per_block_optin, 80 << 30, "any")
+    monkeypatch.setattr(env, "gpu", lambda index=None: h100)
+    everywhere, racecheck = sanitize.default_targets("memcheck"), sanitize.default_targets("racecheck")
+    left_out = [t for t in everywhere if t not in racecheck]
+    assert set(racecheck) <= set(everywhere) and "p10_splitkv" in racecheck and "p09_warpspec" in racecheck
+    assert left_out and all(sanitize.parse_target(t)[1].get("CLUSTER_KEYS", 1) > 1 for t in left_out)
+    assert everywhere == sanitize.default_targets()
+
+
 @pytest.mark.parametrize("phase_name", list(experiments.ABLATIONS))
 def test_ablation_record_covers_every_variant(phase_name):
     record = experiments.load(f"{phase_name}_ablations")
