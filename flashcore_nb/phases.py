@@ -129,6 +129,9 @@ class Phase:
     # Why a tile configuration is refused (a wrong result measured and not yet fixed), or None: load()
     # and every experiment build through build_extension, which raises this reason instead of building.
     refuses: Callable[[dict], str | None] = lambda params: None
+    # Whether compute-sanitizer's racecheck runs a tile configuration to its end (sanitize.default_targets
+    # leaves the others out of racecheck; memcheck and synccheck still run them).
+    racecheck_follows: Callable[[dict], bool] = lambda params: True
 
     @property
     def kernel_file(self):
@@ -656,6 +659,12 @@ _REGISTRY = [
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
+        # CLUSTER_KEYS hands a partial result to another CTA of the cluster through an mbarrier in that CTA's shared
+        # memory. Under racecheck the waits on that mbarrier never end (--racecheck-deadlock-timeout reports a
+        # deadlock in CTA 0 of each cluster), with st.async and with plain remote stores and a release arrival alike;
+        # the same builds run correctly under memcheck, synccheck and every test, and phase 10's handoff through the
+        # cluster barrier finishes under racecheck.
+        racecheck_follows=lambda params: params["CLUSTER_KEYS"] == 1,
         dispatch=True,
         # Where the problem fills the GPU: in the H100 records p09 takes the least GPU time of our phases at
         # every large timing shape, p07 and p10 at the mission shape (a quarter of a wave).

@@ -106,26 +106,23 @@ def main(targets: list[str]) -> int:
     return 0 if ok else 1
 
 
-def racecheck_follows(defines: dict) -> bool:
-    """Whether racecheck can run a build to its end. Phase 9's CLUSTER_KEYS builds hand a partial result to
-    another CTA of the cluster through an mbarrier in that CTA's shared memory. Under racecheck, the waits
-    on that mbarrier never end (--racecheck-deadlock-timeout reports them as a deadlock in CTA 0 of each
-    cluster), with st.async and with plain remote stores and a release arrival alike; the same builds run
-    correctly under memcheck, synccheck and every test, and phase 10's handoff through the cluster barrier
-    finishes under racecheck. So those builds run under memcheck and synccheck only."""
-    return defines.get("CLUSTER_KEYS", 1) == 1
-
-
 def default_targets(tool: str | None = None) -> list[str]:
     """Every phase this GPU can run, with its defaults and then each variant tagged "sanitize", those
-    whose shared memory this GPU allows at every head dim (and, for racecheck, those it can follow)."""
+    whose shared memory this GPU allows at every head dim (and, for racecheck, those the registry says it
+    can follow: Phase.racecheck_follows)."""
     from . import budget, env
     from .phases import PHASES
     gpu = env.gpu()
-    return [format_target(name, defines) for name, phase in PHASES.items() if phase.runs_on(gpu.cc)
-            for defines in ({}, *phase.variants_tagged("sanitize").values())
-            if budget.smem_needed(name, {**phase.tile_params_for(gpu.cc), **defines}) <= gpu.smem_per_block_optin
-            and (tool != "racecheck" or racecheck_follows({**phase.tile_params_for(gpu.cc), **defines}))]
+    targets = []
+    for name, phase in PHASES.items():
+        if not phase.runs_on(gpu.cc):
+            continue
+        for defines in ({}, *phase.variants_tagged("sanitize").values()):
+            params = {**phase.tile_params_for(gpu.cc), **defines}
+            if budget.smem_needed(name, params) <= gpu.smem_per_block_optin and (
+                    tool != "racecheck" or phase.racecheck_follows(params)):
+                targets.append(format_target(name, defines))
+    return targets
 
 
 if __name__ == "__main__":
