@@ -260,13 +260,18 @@ def p09_tiles(head_dim: int, params: dict) -> tuple[int, int, int]:
     return params[f"CONSUMERS{suffix}"], params[f"BLOCK_N{suffix}"], params[f"STAGES{suffix}"]
 
 
+def _p09_sums_in_values(head_dim: int, params: dict) -> bool:
+    """Whether P·V's wgmmas take the row sums' ones as their 8 last columns (the kernel's Tiles::kSumsInValues)."""
+    return bool(params["SPECULATE"] and params["SUMS_IN_VALUES"] and params["WIDE_WGMMA"] and head_dim == 64)
+
+
 def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     consumers, n, stages = p09_tiles(head_dim, params)
     split_keys = params["SPLIT_KEYS"] and consumers > 1
     senders = (params["CLUSTER_KEYS"] - 1) * (1 if split_keys else consumers)
     # 64 query rows per consumer warpgroup (SPLIT_KEYS: 64 in all), a ring of `stages` buffers each for K and V as
     # TMA writes them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums'
-    # P·ones), with SPLIT_KEYS a slot per consumer but the first for its partial result (O in fp32, two maxima and
+    # P·ones; SUMS_IN_VALUES at D = 64: 16 rows of them, the rows a k16 slice of P·V reads), with SPLIT_KEYS a slot per consumer but the first for its partial result (O in fp32, two maxima and
     # two sums per thread), then the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot
     # where the work counter hands the consumers their item. With CLUSTER_KEYS an inbox comes before the barriers:
     # a slot per other CTA of the cluster and per warpgroup holding rows of O (one with SPLIT_KEYS), and its two
@@ -274,7 +279,8 @@ def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     return [Buffer("Q tile", 64 if split_keys else 64 * consumers, head_dim, 2),
             Buffer(f"K ring (x {stages})", stages * n, head_dim, 2),
             Buffer(f"V ring (x {stages})", stages * n, head_dim, 2),
-            *([Buffer("ones for the row sums, P·ones (SPECULATE)", 8, 64, 2)] if params["SPECULATE"] else []),
+            *([Buffer("ones for the row sums, P·ones (SPECULATE)", 16 if _p09_sums_in_values(head_dim, params) else 8,
+                      64, 2)] if params["SPECULATE"] else []),
             *([Buffer(f"partial results (x {consumers - 1}, SPLIT_KEYS)", (consumers - 1) * 128, head_dim // 2 + 4, 4)]
               if split_keys else []),
             *([Buffer(f"inbox of the cluster's partial results (x {senders}, CLUSTER_KEYS)", senders * 128,
@@ -655,7 +661,7 @@ _REGISTRY = [
                      "OVERLAP": 1, "PINGPONG": 1, "PERSISTENT": 1, "PERSISTENT_CTAS": -1,
                      "Q_IN_SHARED": 0, "Q_IN_SHARED_D128": 0, "SNAKE": 1, "CAUSAL_GROUP_MB": 32, "DYNAMIC": 2,
                      "SPECULATE": 1, "SUMS_AFTER_TURN": 1, "WIDE_WGMMA": 1, "CARRY_OVER": 0, "WIDE_STORES": 1, "SPLIT_KEYS": 0,
-                     "CLUSTER_KEYS": 1, "SEND_ASYNC": 1, "TRACE": 0},
+                     "CLUSTER_KEYS": 1, "SEND_ASYNC": 1, "TRACE": 0, "SUMS_IN_VALUES": 1},
         threads=lambda params, head_dim, split: (1 + p09_tiles(head_dim, params)[0]) * 4 * WARP,
         smem_layout=_p09_layout,
         refuses=_p09_refuses,
@@ -676,7 +682,11 @@ _REGISTRY = [
             variant("defaults", {}, "ablation"),
             variant("no ping-pong", {"PINGPONG": 0}, "ablation", "test", "sanitize"),
             variant("no speculative softmax", {"SPECULATE": 0}, "ablation", "test", "sanitize"),
-            variant("row sums inside the turn", {"SUMS_AFTER_TURN": 0}, "ablation", "test", "sanitize"),
+            # At D = 64 the row sums ride in P·V's wgmmas (SUMS_IN_VALUES), so neither switch alone takes back
+            # the narrow wgmmas there: the turn's row takes back both, the code SUMS_AFTER_TURN was measured on.
+            variant("row sums as narrow wgmmas of their own (N = 8)", {"SUMS_IN_VALUES": 0}, "ablation", "test"),
+            variant("row sums inside the turn", {"SUMS_IN_VALUES": 0, "SUMS_AFTER_TURN": 0}, "ablation", "test",
+                    "sanitize"),
             variant("4-byte stores of O", {"WIDE_STORES": 0}, "ablation", "test", "sanitize"),
             variant("64-column wgmmas (phase 8's)", {"WIDE_WGMMA": 0}, "ablation", "test", "sanitize"),
             variant("carry-over between work items", {"CARRY_OVER": 1}, "ablation", "test", "sanitize"),
@@ -759,7 +769,8 @@ _REGISTRY = [
             # The trace record: one CTA's timeline under each schedule (the instrumented build, TRACE=1).
             variant("defaults (TRACE=1)", {"TRACE": 1}, "trace"),
             variant("carry-over (TRACE=1)", {"TRACE": 1, "CARRY_OVER": 1}, "trace"),
-            variant("row sums inside the turn (TRACE=1)", {"TRACE": 1, "SUMS_AFTER_TURN": 0}, "trace"),
+            variant("row sums inside the turn (TRACE=1)", {"TRACE": 1, "SUMS_IN_VALUES": 0, "SUMS_AFTER_TURN": 0},
+                    "trace"),
             variant("no ping-pong (TRACE=1)", {"TRACE": 1, "PINGPONG": 0}, "trace"),
             variant("no ping-pong, no overlap (TRACE=1)", {**_NO_OVERLAP, "TRACE": 1}, "trace"),
             variant("one consumer, 64-row work items (TRACE=1)", {"TRACE": 1, "CONSUMERS": 1, "CONSUMERS_D128": 1},

@@ -39,10 +39,14 @@
 //              softmax; otherwise the running maximum stays and P reaches 2^8 at most. The row sums are then
 //              P·ones on the tensor cores, with each P·V (P as rounded to 16 bits in both: the only change to
 //              the result, a rounding one);
-//   SUMS_AFTER_TURN=1 (with SPECULATE) the row sums' P·ones, eight narrow wgmmas (N = 8), are issued as a group of
-//              their own once the warpgroup has handed its turn over (PINGPONG), not beside P·V inside the turn:
-//              a turn lasts as long as its wgmmas take to issue, however little each computes, and the other
-//              warpgroups wait for it;
+//   SUMS_AFTER_TURN=1 (with SPECULATE; at D = 64 SUMS_IN_VALUES puts them in P·V instead) the row sums' P·ones,
+//              eight narrow wgmmas (N = 8), are issued as a group of their own once the warpgroup has handed its turn
+//              over (PINGPONG), not beside P·V inside the turn: a turn lasts as long as its wgmmas take to issue,
+//              however little each computes, and the other warpgroups wait for it;
+//   SUMS_IN_VALUES=1 (with SPECULATE and WIDE_WGMMA, D = 64) the row sums' P·ones are no wgmmas of their own: each
+//              P·V wgmma is 8 columns wider (N = 72), the last 8 a block of ones (issue_values_and_sums), so a step
+//              issues half the wgmmas into the tensor cores' queue and none of them 8 columns narrow. (At D = 128
+//              V's two 64-column blocks already fill the descriptor's one stride, and the sums stay apart.)
 //   WIDE_WGMMA=1 one wgmma per 16-wide slice of the reduction, as wide as the tile: N = BLOCK_N keys for Q·Kᵀ and
 //              N = D columns for P·V, where phase 8 issues one per 64 (two per slice at 128 keys or D = 128). A
 //              wider wgmma reads its A operand (Q or P) once for all N columns, and the step issues half the
@@ -183,10 +187,53 @@
 #ifndef CARRY_OVER
 #define CARRY_OVER 0
 #endif
+#ifndef SUMS_IN_VALUES
+#define SUMS_IN_VALUES 1
+#endif
 // Persistent CTAs: -1 for one per SM; a positive count makes a few CTAs walk many work items (tests).
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS -1
 #endif
+
+// SUMS_IN_VALUES (D = 64): O += P·V and the row sums += P·ones in one wgmma per k16 slice of the keys, N = 72: O's 64
+// columns from V's tile and the sums' 8 from a block of ones. V is read transposed (MN-major), and an MN-major B wider
+// than 64 takes its next 64 columns from the descriptor's leading offset away: that offset is made to reach the
+// ones, wherever the slice of V lies. The 36 accumulators are O's 32 and the sums' 4, laid out as they are apart.
+#define P09_VALUES_AND_SUMS(TYPE)                                                                                   \
+  asm volatile("{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %41, 0;\n"                                    \
+               "wgmma.mma_async.sync.aligned.m64n72k16.f32." TYPE "." TYPE "\n{" FC_ACC "},\n"                    \
+               "{%36, %37, %38, %39}, %40, accumulate, 1, 1, 1;\n}\n"                                               \
+               : FC_OUT8(o, 0), FC_OUT8(o, 8), FC_OUT8(o, 16), FC_OUT8(o, 24), "+f"(sums[0]), "+f"(sums[1]),         \
+                 "+f"(sums[2]), "+f"(sums[3])                                                                     \
+               : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(descriptor), "r"(1))
+#define FC_OUT8(a, i) "+f"(a[i]), "+f"(a[i + 1]), "+f"(a[i + 2]), "+f"(a[i + 3]), "+f"(a[i + 4]), "+f"(a[i + 5]), \
+                      "+f"(a[i + 6]), "+f"(a[i + 7])
+#define FC_ACC "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+               "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35"
+template <typename Rows>
+__device__ __forceinline__ void issue_values_and_sums(Rows& rows, uint32_t v_base, uint32_t ones_address) {
+  using T = typename Rows::Element;
+  float(&o)[32] = rows.o_acc[0];
+  float(&sums)[4] = rows.sum_acc;
+  fence_accumulators(o);
+  fence_accumulators(sums);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Rows::kPSteps; ++kk) {
+    const uint32_t slice = v_base + kk * 16 * 128;
+    const uint64_t descriptor = smem_descriptor_128b(slice, ones_address - slice);
+    const uint32_t(&p)[4] = rows.p_frag[kk];
+    if constexpr (std::is_same_v<T, __half>) {
+      P09_VALUES_AND_SUMS("f16");
+    } else {
+      P09_VALUES_AND_SUMS("bf16");
+    }
+  }
+  wgmma_commit();
+}
+#undef FC_ACC
+#undef FC_OUT8
+#undef P09_VALUES_AND_SUMS
 
 // SPECULATE's rare path: this warp's 16 rows of S = Q·Kᵀ again, by mma.sync, warp by warp (so the warps of a
 // warpgroup need not agree to do it). Warp w's rows of a 64xN wgmma accumulator are the m16n8 tiles of
@@ -365,7 +412,9 @@ struct Tiles {
   // 128-byte rows (TMA writes one box per 64 columns); the mbarriers after them.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kOnesBytes = SPECULATE ? 1024 : 0;     // the ones of the row sums' P·ones (one swizzle atom)
+  static constexpr bool kSumsInValues = SPECULATE && SUMS_IN_VALUES && WIDE_WGMMA && kHeadDim == 64;
+  // the ones of the row sums' P·ones: one swizzle atom, or (kSumsInValues) the 16 rows a k16 slice of V has
+  static constexpr int kOnesBytes = kSumsInValues ? 16 * 128 : SPECULATE ? 1024 : 0;
   // SPLIT_KEYS: consumers 1.. leave their partial results here for consumer 0 (kPartialFloats per thread each)
   static constexpr int kPartialBytes = kSplitKeys ? (kConsumers - 1) * 128 * kPartialFloats<kHeadDim> * 4 : 0;
   static constexpr int kBarrierBytes = 8 * (3 + 3 * kStages);   // the barriers and the item
@@ -674,14 +723,18 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, 1)
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&bars.q_empty);
   };
-  // SPECULATE: the row sums of the P that P·V takes are P·ones, beside it or (SUMS_AFTER_TURN) in one more commit
-  // group, issued once the turn is handed over: the waits below then leave that many more groups running.
-  constexpr bool kSumsAfterTurn = SPECULATE && SUMS_AFTER_TURN;
+  // SPECULATE: the row sums of the P that P·V takes are P·ones: in P·V's own wgmmas (SUMS_IN_VALUES, D = 64), beside
+  // them or (SUMS_AFTER_TURN) in one more commit group, issued once the turn is handed over: the waits below then
+  // leave that many more groups running.
+  constexpr bool kSumsAfterTurn = SPECULATE && SUMS_AFTER_TURN && !Cfg::kSumsInValues;
   constexpr int kSumGroups = kSumsAfterTurn ? 1 : 0;
   auto issue_values = [&](KeyTile at) {
     trace.stamp(kTraceValuesIssue, at.item, at.tile);
-    rows.template issue_values<SPECULATE && !kSumsAfterTurn>(smem_address(v_tiles + buffer(at.entry) * Cfg::kKvBytes),
-                                                             ones_descriptor);
+    const uint32_t v_base = smem_address(v_tiles + buffer(at.entry) * Cfg::kKvBytes);
+    if constexpr (Cfg::kSumsInValues)
+      issue_values_and_sums(rows, v_base, smem_address(ones));
+    else
+      rows.template issue_values<SPECULATE && !kSumsAfterTurn>(v_base, ones_descriptor);
   };
   auto issue_row_sums = [&]() {
     if constexpr (kSumsAfterTurn) rows.issue_row_sums(ones_descriptor);

@@ -145,9 +145,10 @@ def test_p08_launches_one_cta_per_two_warpgroups_of_query_rows(case, items):
 def test_p09_walks_its_work_items_with_one_cta_per_sm(case, items):
     row = _h100("p09_warpspec", case)
     assert row["threads"] == 3 * 128      # a producer warpgroup and CONSUMERS = 2 (D = 64)
-    # Q 128 rows, a ring of 3 x 128 keys for K and V, 128 B per row; the ones of the row sums (1 KB, SPECULATE);
-    # 2 + 3 x 3 mbarriers and the work item's slot; 1 KB slack
-    assert row["smem KB"] == pytest.approx(((128 + 2 * 3 * 128) * 128 + 1024 + 12 * 8 + 1024) / 1024)
+    # Q 128 rows, a ring of 3 x 128 keys for K and V, 128 B per row; the ones of the row sums (SPECULATE), 16 rows of
+    # 128 B that P·V's wgmmas read as their last 8 columns (SUMS_IN_VALUES, D = 64); 2 + 3 x 3 mbarriers and the work
+    # item's slot; 1 KB slack
+    assert row["smem KB"] == pytest.approx(((128 + 2 * 3 * 128) * 128 + 2048 + 12 * 8 + 1024) / 1024)
     assert row["registers"] == 168 and row["CTAs/SM"] == 1 and row["limiter"] == "registers"
     # work items: query tiles of CONSUMERS x 64 rows; CTAs: one per SM, never more than the items
     assert row[f"work items ({case.name})"] == -(-case.seqlen_q // 128) * case.heads * case.batch == items
