@@ -271,9 +271,10 @@ def _p09_layout(head_dim: int, params: dict, split: bool) -> list[Buffer]:
     senders = (params["CLUSTER_KEYS"] - 1) * (1 if split_keys else consumers)
     # 64 query rows per consumer warpgroup (SPLIT_KEYS: 64 in all), a ring of `stages` buffers each for K and V as
     # TMA writes them (128B-swizzled, not padded), with SPECULATE a swizzle atom of ones (B of the row sums'
-    # P·ones; SUMS_IN_VALUES at D = 64: 16 rows of them, the rows a k16 slice of P·V reads), with SPLIT_KEYS a slot per consumer but the first for its partial result (O in fp32, two maxima and
-    # two sums per thread), then the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot
-    # where the work counter hands the consumers their item. With CLUSTER_KEYS an inbox comes before the barriers:
+    # P·ones; SUMS_IN_VALUES at D = 64: 16 rows of them, the rows a k16 slice of P·V reads), with SPLIT_KEYS a
+    # slot per consumer but the first for its partial result (O in fp32, two maxima and two sums per thread), then
+    # the mbarriers (Q full and empty; K full, V full and empty per stage) and the slot where the work counter hands
+    # the consumers their item. With CLUSTER_KEYS an inbox comes before the barriers:
     # a slot per other CTA of the cluster and per warpgroup holding rows of O (one with SPLIT_KEYS), and its two
     # mbarriers. The kernel asks for 1 KB more and rounds its base up to 1024 bytes for the swizzle.
     return [Buffer("Q tile", 64 if split_keys else 64 * consumers, head_dim, 2),
