@@ -9,6 +9,7 @@ strides, alignment): a loop calling with the same kind of inputs pays them once.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
@@ -131,24 +132,25 @@ def validate(module, phase: Phase, q, k, v, causal: bool, out) -> None:
     check_shared_memory(phase, needed, gpu)
 
 
-def load(name: str, **tile_params):
+def load(name: str, *, patch: Path | None = None, **tile_params):
     """Compile (or load from cache) a phase for the visible GPU and return its attention function.
 
         fn = flashcore_nb.load("p01_baseline")
         o = fn(q, k, v)                      # q, k, v: (B, H, S, D) CUDA tensors
 
-    `tile_params` override the phase's -D defaults (e.g. NUM_THREADS=256)."""
+    `tile_params` override the phase's -D defaults (e.g. NUM_THREADS=256). `patch`: an exploration patch
+    (kernels/explorations/) applied to the phase's source; its EXP_* switches are then tile parameters too."""
     phase = get(name)
     gpu = env.gpu()
     if gpu is None:
         raise RuntimeError("flashcore_nb.load needs a CUDA GPU; without one, notebooks replay the "
                            "recorded results instead")
-    unknown = set(tile_params) - set(phase.tile_params)
+    unknown = {key for key in set(tile_params) - set(phase.tile_params) if patch is None or not key.startswith("EXP_")}
     if unknown:
         raise ValueError(f"{name} has no tile parameter(s) {sorted(unknown)}; "
                          f"it has {sorted(phase.tile_params)}")
     params = {**phase.tile_params_for(gpu.cc), **tile_params}
-    built = build.build_extension(name, gpu.cc, params)
+    built = build.build_extension(name, gpu.cc, params, patch=patch)
     handle = launcher.register(built.module, phase)
     validated = set()   # input signatures already validated in Python
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import env
+from . import env, source_patch
 from .paths import KERNELS_DIR
 from .phases import get
 
@@ -60,15 +60,22 @@ def _compile_error(message: str, log: str) -> CompileError:
 
 # --- sources and hashes -------------------------------------------------------------------------
 
-def kernel_sources(kernel_file: Path) -> dict[str, str]:
-    """The kernel file and every kernels/common header it includes, transitively, by relative path."""
+def kernel_text(kernel_file: Path, patch: Path | None = None) -> str:
+    """The source a build compiles: the kernel file, or (an exploration build) the file with the patch applied."""
+    return Path(kernel_file).read_text() if patch is None else source_patch.patched_source(kernel_file, patch)
+
+
+def kernel_sources(kernel_file: Path, patch: Path | None = None) -> dict[str, str]:
+    """The kernel file (patched, where a patch is named) and every kernels/common header it includes,
+    transitively, by relative path."""
+    kernel_rel = Path(kernel_file).resolve().relative_to(KERNELS_DIR).as_posix()
     sources: dict[str, str] = {}
-    pending = [Path(kernel_file).resolve().relative_to(KERNELS_DIR).as_posix()]
+    pending = [kernel_rel]
     while pending:
         rel = pending.pop()
         if rel in sources:
             continue
-        text = (KERNELS_DIR / rel).read_text()
+        text = kernel_text(kernel_file, patch) if rel == kernel_rel else (KERNELS_DIR / rel).read_text()
         sources[rel] = text
         pending.extend(_INCLUDE_RE.findall(text))
     return dict(sorted(sources.items()))
@@ -78,12 +85,13 @@ def define_flags(tile_params: dict) -> list[str]:
     return [f"-D{key}={value}" for key, value in sorted(tile_params.items())]
 
 
-def kernel_sha256(kernel_file: Path, tile_params: dict) -> str:
-    """Identity of a kernel build: its source, the common headers it uses and its defines.
+def kernel_sha256(kernel_file: Path, tile_params: dict, patch: Path | None = None) -> str:
+    """Identity of a kernel build: its source (patched, for an exploration build), the common headers it uses
+    and its defines.
 
     A recorded result carries this hash; when the kernel changes, the record is stale."""
     digest = hashlib.sha256()
-    for rel, text in kernel_sources(kernel_file).items():
+    for rel, text in kernel_sources(kernel_file, patch).items():
         digest.update(rel.encode() + b"\0" + text.encode() + b"\0")
     digest.update(" ".join(define_flags(tile_params)).encode())
     return digest.hexdigest()
@@ -138,7 +146,8 @@ def parse_ptxas(log: str) -> PtxasStats:
     )
 
 
-def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False) -> PtxasStats:
+def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False,
+                 patch: Path | None = None) -> PtxasStats:
     """`nvcc -c` for one arch, no GPU needed; raises CompileError with the compiler's message.
 
     The stats of a kernel under kernels/ are kept under the build directory by the build's identity (its
@@ -149,14 +158,18 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
         raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
     cached = None
     if Path(kernel_file).resolve().is_relative_to(KERNELS_DIR):
-        identity = json.dumps([kernel_sha256(kernel_file, tile_params), cc, arch_specific, NVCC_FLAGS,
+        identity = json.dumps([kernel_sha256(kernel_file, tile_params, patch), cc, arch_specific, NVCC_FLAGS,
                                env.nvcc_version(), sorted(PtxasStats.__dataclass_fields__)])   # what a stats file holds
         cached = build_root() / "ptxas" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
         if cached.exists():
             return PtxasStats(**json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory() as tmp:
+        source = Path(kernel_file)
+        if patch is not None:   # the patched text, compiled from a copy (its includes resolve through -I)
+            source = Path(tmp) / Path(kernel_file).name
+            source.write_text(kernel_text(kernel_file, patch))
         cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc, arch_specific), f"-I{KERNELS_DIR}", *define_flags(tile_params),
-               str(kernel_file), "-o", os.path.join(tmp, "kernel.o")]
+               str(source), "-o", os.path.join(tmp, "kernel.o")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -177,11 +190,11 @@ def build_root() -> Path:
     return Path(os.environ.get("FLASHCORE_BUILD_DIR", default))
 
 
-def extension_name(phase_name: str, cc: int, tile_params: dict) -> str:
+def extension_name(phase_name: str, cc: int, tile_params: dict, patch: Path | None = None) -> str:
     import torch
 
     digest = hashlib.sha256()
-    digest.update(kernel_sha256(KERNELS_DIR / f"{phase_name}.cu", tile_params).encode())
+    digest.update(kernel_sha256(KERNELS_DIR / f"{phase_name}.cu", tile_params, patch).encode())
     digest.update(BINDING_FILE.read_bytes())
     toolchain = (cc, NVCC_FLAGS, torch.__version__, torch.version.cuda, env.nvcc_version())
     digest.update(repr(toolchain).encode())
@@ -200,13 +213,15 @@ class Built:
 _loaded: dict[str, Built] = {}
 
 
-def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool = True) -> Built:
-    """Compile (or load from the persistent cache) one phase for one arch and tile configuration; a
-    configuration the registry refuses (Phase.refuses) raises ValueError with its reason."""
+def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool = True,
+                    patch: Path | None = None) -> Built:
+    """Compile (or load from the persistent cache) one phase for one arch and tile configuration, with an
+    exploration patch applied where one is named; a configuration the registry refuses (Phase.refuses) raises
+    ValueError with its reason."""
     refusal = get(phase_name).refuses(tile_params)
     if refusal:
         raise ValueError(f"{phase_name}: {refusal}")
-    name = extension_name(phase_name, cc, tile_params)
+    name = extension_name(phase_name, cc, tile_params, patch)
     if name in _loaded:
         return _loaded[name]
     start = time.perf_counter()
@@ -226,7 +241,7 @@ def build_extension(phase_name: str, cc: int, tile_params: dict, progress: bool 
         # objects up to date and print no ptxas report.
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
-        module, log = _compile(phase_name, name, directory, cc, tile_params, progress)
+        module, log = _compile(phase_name, name, directory, cc, tile_params, progress, patch)
         stats = parse_ptxas(log)
         stats_file.write_text(json.dumps(asdict(stats)))
         built = Built(module, name, stats, time.perf_counter() - start, cached=False)
@@ -241,7 +256,7 @@ def _import_library(name: str, library: Path):
     return module
 
 
-def _compile(phase_name, name, directory, cc, tile_params, progress):
+def _compile(phase_name, name, directory, cc, tile_params, progress, patch=None):
     from torch.utils.cpp_extension import load_inline
 
     kernel_file = KERNELS_DIR / f"{phase_name}.cu"
@@ -252,7 +267,7 @@ def _compile(phase_name, name, directory, cc, tile_params, progress):
             module = load_inline(
                 name=name,
                 cpp_sources=BINDING_FILE.read_text(),
-                cuda_sources=kernel_file.read_text(),
+                cuda_sources=kernel_text(kernel_file, patch),
                 extra_include_paths=[str(KERNELS_DIR)],
                 extra_cflags=["-O2", "-std=c++17"],
                 extra_cuda_cflags=[*NVCC_FLAGS, gencode(cc, get(phase_name).arch_specific), *define_flags(tile_params)],

@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,figures,summarise} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,explore,figures,summarise} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
@@ -22,7 +22,9 @@ each kernel wins, as curves: p06 and every later phase, cuDNN, FA2 and the Trito
 16384, D 64 and 128, causal or not, 16 heads, checked and timed in the same rounds (the results chapter;
 --shapes for a subset of shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec):
 its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a
-couple of cases (--shapes to choose), for the chapter's timeline figure. From precision on, each writes
+couple of cases (--shapes to choose), for the chapter's timeline figure; explore: phase 9's cluster-keys build at
+the mission shape with one cost taken out at a time, with programmatic dependent launch, and with larger key tiles
+(kernels/explorations/, the choosing chapter). From precision on, each writes
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
 --out, default book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios
 from their rounds after the way they are summarised changed (no GPU needed; the rounds stay as recorded).
@@ -35,8 +37,8 @@ import sys
 
 import pandas as pd
 
-from . import (accuracy, binding, build, drift, env, experiments, grid, peaks, plots, process_state, profile, results,
-               sanitize, seqlen, shapes, trace)
+from . import (accuracy, binding, build, drift, env, experiments, explorations, grid, peaks, plots, process_state,
+               profile, results, sanitize, seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
                                             "drift", "procstate", "split", "accuracy", "grid", "seqlen", "trace",
-                                            "figures", "summarise"])
+                                            "explore", "figures", "summarise"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
                  "precision": lambda: experiments.record_precision(shapes.select(args.shapes, "correctness")),
                  "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record, "procstate": process_state.record,
-                 "split": experiments.record_key_split, "grid": grid.record,
+                 "split": experiments.record_key_split, "grid": grid.record, "explore": explorations.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())

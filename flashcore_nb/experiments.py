@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import budget, build, env, results, shapes
+from . import budget, build, env, results, shapes, source_patch
 from .paths import RESULTS_DIR
 from .phases import PHASES, get, p07_tiles
 
@@ -55,21 +55,24 @@ def variants_name(phase_name: str, tag: str) -> str:
 
 
 def make_record(name: str, phase_name: str | None, builds: dict[str, dict], rows: list[dict],
-                build_phases: dict[str, str] | None = None) -> dict:
+                build_phases: dict[str, str] | None = None, build_patches: dict[str, str] | None = None) -> dict:
     """`builds`: label -> tile parameters (over the phase's defaults) of every kernel build the rows measured;
-    `build_phases`: label -> phase, for a record that measured several phases (`phase_name` None).
+    `build_phases`: label -> phase, for a record that measured several phases (`phase_name` None);
+    `build_patches`: label -> the exploration patch (relative to kernels/) a build applied to its phase's source.
     A measurement of the GPU alone (peaks.py) names no phase and no builds, so it never goes stale."""
     stamp = results.stamp()
     phase_of = {label: (build_phases or {}).get(label, phase_name) for label in builds}
     # the defaults load() merged in on the GPU the record is made on
     params_of = {label: {**get(phase_of[label]).tile_params_for(stamp["env"]["cc"]), **params}
                  for label, params in builds.items()}
+    patch_of = build_patches or {}
     return {
         "schema": SCHEMA_VERSION,
         "experiment": name,
         "phase": phase_name,
         "builds": {label: {"phase": phase_of[label], "tile_params": params,
-                           "kernel_sha256": build.kernel_sha256(get(phase_of[label]).kernel_file, params)}
+                           **({"patch": patch_of[label]} if label in patch_of else {}),
+                           "kernel_sha256": build_sha256(phase_of[label], params, patch_of.get(label))}
                    for label, params in params_of.items()},
         **stamp,
         "rows": rows,
@@ -100,12 +103,23 @@ def all_records(root: Path = RESULTS_DIR) -> list[tuple[Path, dict]]:
     return [(path, json.loads(path.read_text())) for path in sorted(root.glob("*/experiments/*.json"))]
 
 
+def build_sha256(phase_name: str, tile_params: dict, patch: str | None = None) -> str:
+    """A recorded build's kernel hash as the sources read now; an exploration patch that no longer applies to
+    its phase's source raises source_patch.PatchError."""
+    return build.kernel_sha256(get(phase_name).kernel_file, tile_params, build.KERNELS_DIR / patch if patch else None)
+
+
+def _is_stale(recorded: dict, phase_name: str) -> bool:
+    try:
+        return recorded["kernel_sha256"] != build_sha256(phase_name, recorded["tile_params"], recorded.get("patch"))
+    except (source_patch.PatchError, FileNotFoundError):   # the phase changed under the patch, or it is gone
+        return True
+
+
 def stale_builds(record: dict) -> list[str]:
-    """Labels of the builds whose kernel source, headers or defines changed since the record (records made
-    before builds named their phase measured the record's one phase)."""
-    return [label for label, b in record["builds"].items()
-            if b["kernel_sha256"] != build.kernel_sha256(get(b.get("phase", record["phase"])).kernel_file,
-                                                        b["tile_params"])]
+    """Labels of the builds whose kernel source (patched, for an exploration build), headers or defines
+    changed since the record (records made before builds named their phase measured the record's one phase)."""
+    return [label for label, b in record["builds"].items() if _is_stale(b, b.get("phase", record["phase"]))]
 
 
 def provenance(record: dict) -> str:
@@ -161,30 +175,34 @@ def config_label(params: dict) -> str:
 
 
 def _prebuild(args) -> str | None:
-    phase_name, cc, params = args
+    phase_name, cc, params, patch = args
     try:
-        build.build_extension(phase_name, cc, params, progress=False)
+        build.build_extension(phase_name, cc, params, progress=False, patch=patch)
     except build.CompileError as error:
         return str(error)
     return None
 
 
-def compile_in_parallel(builds: list[tuple[str, dict]], cc: int, meanwhile=None) -> list[str | None]:
-    """Compile (phase, tile parameters) builds in parallel worker processes (the compiler is
-    single-threaded); `meanwhile` runs in this process while they compile. Per build, in order, the
-    compiler's output where it failed, else None."""
+def compile_in_parallel(builds: list[tuple], cc: int, meanwhile=None) -> list[str | None]:
+    """Compile (phase, tile parameters) builds, or (phase, tile parameters, exploration patch) ones, in parallel
+    worker processes (the compiler is single-threaded); `meanwhile` runs in this process while they compile.
+    Per build, in order, the compiler's output where it failed, else None."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    def key(name, params, patch=None):
+        return name, config_label(params), str(patch)
+
     # one worker per distinct build: two compiling the same extension would share its directory
-    distinct = {(name, config_label(params)): params for name, params in builds}
+    distinct = {key(*b): b for b in builds}
     workers = max(1, min(len(distinct), (os.cpu_count() or 2) // 2))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {key: pool.submit(_prebuild, (key[0], cc, params)) for key, params in distinct.items()}
+        futures = {k: pool.submit(_prebuild, (b[0], cc, b[1], b[2] if len(b) > 2 else None))
+                   for k, b in distinct.items()}
         if meanwhile is not None:
             meanwhile()
-        outcomes = {key: future.result() for key, future in futures.items()}
-    return [outcomes[(name, config_label(params))] for name, params in builds]
+        outcomes = {k: future.result() for k, future in futures.items()}
+    return [outcomes[key(*b)] for b in builds]
 
 
 def prebuild_all(phase_name: str, configs: list[dict], cc: int) -> dict[str, str]:
