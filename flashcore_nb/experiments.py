@@ -183,10 +183,10 @@ def _prebuild(args) -> str | None:
     return None
 
 
-def compile_in_parallel(builds: list[tuple], cc: int, meanwhile=None) -> list[str | None]:
+def compile_in_parallel(builds: list[tuple], cc: int, meanwhile=None, workers: int | None = None) -> list[str | None]:
     """Compile (phase, tile parameters) builds, or (phase, tile parameters, exploration patch) ones, in parallel
-    worker processes (the compiler is single-threaded); `meanwhile` runs in this process while they compile.
-    Per build, in order, the compiler's output where it failed, else None."""
+    worker processes (the compiler is single-threaded; by default one per two CPUs); `meanwhile` runs in this
+    process while they compile. Per build, in order, the compiler's output where it failed, else None."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -195,7 +195,7 @@ def compile_in_parallel(builds: list[tuple], cc: int, meanwhile=None) -> list[st
 
     # one worker per distinct build: two compiling the same extension would share its directory
     distinct = {key(*b): b for b in builds}
-    workers = max(1, min(len(distinct), (os.cpu_count() or 2) // 2))
+    workers = max(1, min(len(distinct), workers or (os.cpu_count() or 2) // 2, os.cpu_count() or 1))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         futures = {k: pool.submit(_prebuild, (b[0], cc, b[1], b[2] if len(b) > 2 else None))
                    for k, b in distinct.items()}

@@ -1,16 +1,17 @@
-"""Phase 9 at the mission shape, taken apart: the choosing chapter's exploration builds, recorded.
+"""Phase 9 taken apart: the exploration builds of chapter 9 and of the choosing chapter, recorded.
 
-The mission target (4.5 µs of GPU time at 1×8×512×64) asks where the cluster-keys build's 5.5 µs go. These builds
-answer from the outside, each timed against that build in the same interleaved rounds (bench.compare):
-- one cost taken out at a time: the launch alone, the loads alone, no combine, no waits;
-- programmatic dependent launch (PDL), back to back and after another kernel;
-- fewer, longer steps: larger key tiles.
+Each is a build of phase 9 with one thing changed, timed against a reference build in the same interleaved rounds
+(bench.compare), GPU time paired round by round:
+- at the mission shape (1×8×512×64), where the target asks for 4.5 µs: the cluster-keys build with one cost taken
+  out at a time (the launch alone, the loads alone, no combine, no waits), with programmatic dependent launch (PDL),
+  back to back and after another kernel, and with larger key tiles;
+- for chapter 9: the split-keys and cluster-keys configurations beside the 64-row one, and the epilogue's stores.
 
-The switches of the first two are an exploration patch, kernels/explorations/p09_mission.patch, applied to phase 9's
-source at build time (source_patch.py); they are never in `attention`. The key-tile builds are phase 9 as it is,
-through its defines. A build marked timed-only skips work or waits, gives wrong outputs by design, and is never
-checked; every other build is checked on the mission shapes before anything is timed, and the PDL builds also in a
-CUDA graph of chained calls, where a call that read its input too early would read poison.
+The switches that skip work or add PDL are an exploration patch, kernels/explorations/p09_warpspec.patch, applied to
+phase 9's source at build time (source_patch.py); they are never in `attention`. The other builds are phase 9 as it
+is, through its defines. A build marked timed-only skips work or waits, gives wrong outputs by design, and is never
+checked; every other build is checked on the mission shapes first, and the PDL builds also in a CUDA graph of
+chained calls, where a call that read its input too early would read poison.
 
 `python -m flashcore_nb explore` records results/<gpu>/experiments/p09_warpspec_explorations.json."""
 from __future__ import annotations
@@ -24,9 +25,9 @@ import pandas as pd
 from . import build, dispatch, experiments, results, shapes
 
 PHASE = "p09_warpspec"
-PATCH = "explorations/p09_mission.patch"    # relative to kernels/, as the record names it
+PATCH = "explorations/p09_warpspec.patch"   # relative to kernels/, as the record names it
 RECORD = f"{PHASE}_explorations"
-CLUSTER, ROWS64 = "cluster-keys", "64-row"   # candidates of `attention` (phases.py) the builds start from
+CLUSTER, ROWS64, SPLIT = "cluster-keys", "64-row", "split-keys"   # candidates of `attention` (phases.py)
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,26 @@ BUILDS = {
     "PDL, signal after the last copy": Build(CLUSTER, {"EXP_PDL": 3}, True),
     "cluster-keys, 128-key tiles": Build(CLUSTER, {"BLOCK_N": 128, "STAGES": 2}),
     "cluster-keys, 256-key tiles": Build(CLUSTER, {"BLOCK_N": 256, "STAGES": 2}),
+    "cluster-keys, two consumers splitting again": Build(CLUSTER, {"CONSUMERS": 2, "SPLIT_KEYS": 1, "PINGPONG": 0}),
+    "cluster-keys, plain stores for the send": Build(CLUSTER, {"SEND_ASYNC": 0}),
+    "clusters of four": Build(CLUSTER, {"CLUSTER_KEYS": 4}),
     "64-row": Build(ROWS64),
     "64-row, 192-key tiles": Build(ROWS64, {"BLOCK_N": 192, "STAGES": 2}),
     "64-row, 256-key tiles": Build(ROWS64, {"BLOCK_N": 256, "STAGES": 2}),
+    "split-keys": Build(SPLIT),
+    "split-keys, 128-key tiles": Build(SPLIT, {"BLOCK_N": 128, "STAGES": 3}),
     "defaults": Build(""),
     "defaults, PDL": Build("", {"EXP_PDL": 3}, True),
+    "defaults, 4-byte stores": Build("", {"WIDE_STORES": 0}),
+    "defaults, stores skipped": Build("", {"EXP_NOSTORE": 1}, True, True),
 }
 PDL = "PDL, signal after the last copy"   # the PDL build timed everywhere
 
-# Timing sets: name -> (case, builds), the first build of each the reference its ratios are paired with.
+# Problems of 16 and 32 work items at the mission shape's row count (1×H×512×64), beside the mission's 64.
+FEW_HEADS = [shapes.Case(f"b1h{h}_s512", 1, h, 512, 64) for h in (2, 4)]
+
+# Timing sets: name -> [(case, builds)], the first build of each the reference its ratios are paired with.
+_MISSIONS = ("mission", "mission_causal")
 SETS = {
     "one cost out": [("mission", ["cluster-keys", "returns at once", "loads only", "no combine",
                                   "no wait for Q and the first K tile", "no wait for any tile"])],
@@ -69,10 +81,21 @@ SETS = {
                          ("b4h16_s2048", ["defaults", "defaults, PDL"]),
                          ("b2h16_s4096_d128", ["defaults", "defaults, PDL"])],
     "key tiles": [(case, ["cluster-keys", "cluster-keys, 128-key tiles", "cluster-keys, 256-key tiles", "64-row",
-                          "64-row, 192-key tiles", "64-row, 256-key tiles"]) for case in ("mission", "mission_causal")],
+                          "64-row, 192-key tiles", "64-row, 256-key tiles"]) for case in _MISSIONS],
+    "split-keys": [(case, ["64-row", "split-keys", "split-keys, 128-key tiles"])
+                   for case in (*_MISSIONS, "b1h16_s512", "b1h16_s512_causal", "b1h16_s2048", "b1h16_s128",
+                                "b1h16_s128_causal", "b16h16_s128")],
+    "cluster-keys": [*[(case, ["64-row", "cluster-keys", "cluster-keys, 128-key tiles",
+                               "cluster-keys, two consumers splitting again", "cluster-keys, plain stores for the send",
+                               "clusters of four"]) for case in _MISSIONS],
+                     ("b1h16_s128", ["64-row", "cluster-keys", "clusters of four"]),
+                     *[(case.name, ["cluster-keys", "64-row"]) for case in FEW_HEADS]],
+    "stores": [(case, ["defaults", "defaults, 4-byte stores", "defaults, stores skipped"])
+               for case in ("b16h16_s128_d128", "b16h16_s128_d128_causal", "b4h16_s512_d128", "b16h16_s512_d128",
+                            "b16h16_s512_d128_causal", "b16h16_s512_causal", "b4h16_s2048", "b2h16_s4096_d128")],
 }
-CHECK_CASES = ("mission", "mission_causal")
-AFTER_A_COPY_CASES = ("mission", "mission_causal")
+CHECK_CASES = _MISSIONS
+AFTER_A_COPY_CASES = _MISSIONS
 CHAIN_CALLS = 4
 
 
@@ -92,7 +115,7 @@ def _load_all(cc: int) -> dict:
     from .binding import load
 
     failed = [log for log in experiments.compile_in_parallel(
-        [(PHASE, tile_params(label, cc), patch_of(label)) for label in BUILDS], cc) if log]
+        [(PHASE, tile_params(label, cc), patch_of(label)) for label in BUILDS], cc, workers=len(BUILDS)) if log]
     if failed:
         raise RuntimeError(f"an exploration build did not compile:\n{failed[0][-3000:]}")
     return {label: load(PHASE, patch=patch_of(label), **tile_params(label, cc)) for label in BUILDS}
@@ -210,7 +233,8 @@ def run(progress=print) -> list[dict]:
     from . import bench, check, env
 
     names = {name for timed in SETS.values() for name, _ in timed} | set(CHECK_CASES) | set(AFTER_A_COPY_CASES)
-    cases = {case.name: case for case in shapes.select(",".join(sorted(names)))}
+    cases = {case.name: case for case in FEW_HEADS}
+    cases.update((case.name, case) for case in shapes.select(",".join(sorted(names - set(cases)))))
     fns = _load_all(env.gpu().cc)
     rows = []
     for label, b in BUILDS.items():
