@@ -4,7 +4,8 @@ Each is a build of phase 9 with one thing changed, timed against a reference bui
 (bench.compare), GPU time paired round by round:
 - at the mission shape (1×8×512×64), where the target asks for 4.5 µs: the cluster-keys build with one cost taken
   out at a time (the launch alone, the loads alone, no combine, no waits), with programmatic dependent launch (PDL),
-  back to back and after another kernel, and with larger key tiles;
+  back to back and after another kernel, with the keys split unevenly between its two CTAs, and with larger key
+  tiles;
 - for chapter 9: the split-keys and cluster-keys configurations beside the 64-row one, and the epilogue's stores.
 
 The switches that skip work or add PDL are an exploration patch, kernels/explorations/p09_warpspec.patch, applied to
@@ -42,6 +43,7 @@ BUILDS = {
     "cluster-keys": Build(CLUSTER),
     "returns at once": Build(CLUSTER, {"EXP_STOP": 1}, True, True),
     "loads only": Build(CLUSTER, {"EXP_STOP": 2}, True, True),
+    "loads only, Q alone": Build(CLUSTER, {"EXP_STOP": 4}, True, True),
     "no combine": Build(CLUSTER, {"EXP_STOP": 3}, True, True),
     "no wait for Q and the first K tile": Build(CLUSTER, {"EXP_NOWAIT": 1}, True, True),
     "no wait for any tile": Build(CLUSTER, {"EXP_NOWAIT": 2}, True, True),
@@ -53,6 +55,9 @@ BUILDS = {
     "cluster-keys, two consumers splitting again": Build(CLUSTER, {"CONSUMERS": 2, "SPLIT_KEYS": 1, "PINGPONG": 0}),
     "cluster-keys, plain stores for the send": Build(CLUSTER, {"SEND_ASYNC": 0}),
     "clusters of four": Build(CLUSTER, {"CLUSTER_KEYS": 4}),
+    "uneven split, one tile": Build(CLUSTER, {"EXP_UNEVEN": 1}, True),
+    "uneven split, two tiles": Build(CLUSTER, {"EXP_UNEVEN": 2}, True),
+    "later tiles held back": Build(CLUSTER, {"EXP_HOLD": 1}, True),
     "64-row": Build(ROWS64),
     "64-row, 192-key tiles": Build(ROWS64, {"BLOCK_N": 192, "STAGES": 2}),
     "64-row, 256-key tiles": Build(ROWS64, {"BLOCK_N": 256, "STAGES": 2}),
@@ -71,7 +76,7 @@ FEW_HEADS = [shapes.Case(f"b1h{h}_s512", 1, h, 512, 64) for h in (2, 4)]
 # Timing sets: name -> [(case, builds)], the first build of each the reference its ratios are paired with.
 _MISSIONS = ("mission", "mission_causal")
 SETS = {
-    "one cost out": [("mission", ["cluster-keys", "returns at once", "loads only", "no combine",
+    "one cost out": [("mission", ["cluster-keys", "returns at once", "loads only, Q alone", "loads only", "no combine",
                                   "no wait for Q and the first K tile", "no wait for any tile"])],
     "PDL back to back": [("mission", ["cluster-keys", "PDL, waits only", "PDL, signal after the CTA barrier", PDL]),
                          ("mission_causal", ["cluster-keys", PDL]),
@@ -80,6 +85,8 @@ SETS = {
                          ("b16h16_s512", ["defaults", "defaults, PDL"]),
                          ("b4h16_s2048", ["defaults", "defaults, PDL"]),
                          ("b2h16_s4096_d128", ["defaults", "defaults, PDL"])],
+    "uneven split": [(case, ["cluster-keys", "uneven split, one tile", "uneven split, two tiles",
+                             "later tiles held back"]) for case in (*_MISSIONS, "b1h16_s512", "b1h16_s512_causal")],
     "key tiles": [(case, ["cluster-keys", "cluster-keys, 128-key tiles", "cluster-keys, 256-key tiles", "64-row",
                           "64-row, 192-key tiles", "64-row, 256-key tiles"]) for case in _MISSIONS],
     "split-keys": [(case, ["64-row", "split-keys", "split-keys, 128-key tiles"])

@@ -44,8 +44,8 @@ def apply(source: str, patch_text: str) -> str:
             kind, text = line[:1], line[1:]
             if kind in (" ", "-"):
                 if at >= len(lines) or lines[at] != text:
-                    raise PatchError(f"hunk {header}: line {at + 1} is {lines[at] if at < len(lines) else 'past the end'!r}, "
-                                     f"the patch expects {text!r}")
+                    found = lines[at] if at < len(lines) else "past the end"
+                    raise PatchError(f"hunk {header}: line {at + 1} is {found!r}, the patch expects {text!r}")
                 at += 1
                 if kind == " ":
                     out.append(text)

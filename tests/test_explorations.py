@@ -33,7 +33,7 @@ def test_the_patch_applies_to_phase_9_and_only_adds_switches_that_default_to_off
     patched = build.kernel_text(phase.kernel_file, build.KERNELS_DIR / explorations.PATCH)
     original = phase.kernel_file.read_text()
     assert patched != original
-    for switch in ("EXP_STOP", "EXP_NOWAIT", "EXP_PDL", "EXP_NOSTORE"):
+    for switch in ("EXP_STOP", "EXP_NOWAIT", "EXP_PDL", "EXP_NOSTORE", "EXP_UNEVEN", "EXP_HOLD"):
         assert f"#ifndef {switch}\n#define {switch} 0\n#endif" in patched
 
 
@@ -50,7 +50,7 @@ def test_every_exploration_build_names_a_known_configuration():
 
 def test_the_patched_build_compiles_with_every_switch_on():
     params = {**explorations.tile_params("cluster-keys", 90), "EXP_STOP": 2, "EXP_NOWAIT": 2, "EXP_PDL": 3,
-              "EXP_NOSTORE": 1}
+              "EXP_NOSTORE": 1, "EXP_UNEVEN": 1, "EXP_HOLD": 1}
     stats = build.compile_only(get(explorations.PHASE).kernel_file, 90, params, True,
                                build.KERNELS_DIR / explorations.PATCH)
     assert stats.kernels == 4 and stats.spill_stores == 0
@@ -58,9 +58,8 @@ def test_the_patched_build_compiles_with_every_switch_on():
 
 def synthetic_record() -> dict:
     labels = ["cluster-keys", "loads only", explorations.PDL]
-    return experiments.make_record(explorations.RECORD, explorations.PHASE,
-                                   {label: explorations.BUILDS[label].defines | {"CLUSTER_KEYS": 2} for label in labels},
-                                   [{"kind": "timing"}],
+    builds = {label: explorations.BUILDS[label].defines | {"CLUSTER_KEYS": 2} for label in labels}
+    return experiments.make_record(explorations.RECORD, explorations.PHASE, builds, [{"kind": "timing"}],
                                    build_patches={label: explorations.PATCH for label in labels[1:]})
 
 
