@@ -102,6 +102,8 @@ SETS = {
                             "b16h16_s512_d128_causal", "b16h16_s512_causal", "b4h16_s2048", "b2h16_s4096_d128")],
 }
 CHECK_CASES = _MISSIONS
+# More interleaved rounds than a phase record's 9 (bench.ROUNDS): these ratios are a few percent apart, one run each.
+ROUNDS = 15
 AFTER_A_COPY_CASES = _MISSIONS
 CHAIN_CALLS = 4
 
@@ -164,14 +166,21 @@ def _chain_error(fn, case: shapes.Case) -> tuple[float, float]:
     return worst, bound
 
 
-def _ratio_row(set_name: str, case: str, label: str, timing: dict, reference: dict) -> dict:
-    ratios = [a / b for a, b in zip(timing["gpu_us_rounds"], reference["gpu_us_rounds"])]
+def _ratio_rows(set_name: str, case: str, names: list[str], timings: dict) -> list[dict]:
+    """One row per method of one interleaved run, its ratios paired with the first method's; with the SM clock
+    read before and after the rounds."""
     from .bench import paired_ratio
 
-    return {"kind": "timing", "set": set_name, "case": case, "build": label, "gpu_us": timing["gpu_us"],
-            "gpu_us_min": timing["gpu_us_min"], "gpu_us_max": timing["gpu_us_max"],
-            "ratio": paired_ratio(timing, reference), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "rounds": len(ratios)}
+    reference = timings[names[0]]
+    rows = []
+    for name in names:
+        timing = timings[name]
+        ratios = [a / b for a, b in zip(timing["gpu_us_rounds"], reference["gpu_us_rounds"])]
+        rows.append({"kind": "timing", "set": set_name, "case": case, "build": name, "gpu_us": timing["gpu_us"],
+                     "gpu_us_min": timing["gpu_us_min"], "gpu_us_max": timing["gpu_us_max"],
+                     "ratio": paired_ratio(timing, reference), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "rounds": len(ratios), "sm_clock_mhz": timings["sm_clock_mhz"]})
+    return rows
 
 
 def _triton_copy():
@@ -226,11 +235,10 @@ def _after_a_copy(fns: dict, case: shapes.Case) -> list[dict]:
             calls[f"{copy_name}, then {label}"] = [
                 lambda q=q, k=k, v=v, s=s, c=copy, fn=fns[label]: (c(s, q), fn(q, k, v, causal=case.causal))
                 for (q, k, v), s in zip(inputs, sources)]
-    timings = bench.timed(calls, case)
+    timings = bench.timed(calls, case, ROUNDS)
     for copy_name in copies:
-        reference = timings[f"{copy_name}, then cluster-keys"]
-        for name in (copy_name, f"{copy_name}, then cluster-keys", f"{copy_name}, then {PDL}"):
-            rows.append(_ratio_row("PDL after a copy", case.name, name, timings[name], reference))
+        rows.extend(_ratio_rows("PDL after a copy", case.name,
+                                [f"{copy_name}, then cluster-keys", copy_name, f"{copy_name}, then {PDL}"], timings))
     return rows
 
 
@@ -263,9 +271,9 @@ def run(progress=print) -> list[dict]:
     progress(f"checked {len({r['build'] for r in rows})} builds")
     for set_name, timed in SETS.items():
         for case, labels in timed:
-            timings = bench.compare({label: fns[label] for label in labels}, cases[case], baselines=("sdpa_default",))
-            for name in [*labels, "sdpa_default"]:
-                rows.append(_ratio_row(set_name, case, name, timings[name], timings[labels[0]]))
+            timings = bench.compare({label: fns[label] for label in labels}, cases[case], baselines=("sdpa_default",),
+                                    rounds=ROUNDS)
+            rows.extend(_ratio_rows(set_name, case, [*labels, "sdpa_default"], timings))
             progress(f"{set_name}: {case} timed")
     for case in AFTER_A_COPY_CASES:
         rows.extend(_after_a_copy(fns, cases[case]))
