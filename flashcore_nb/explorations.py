@@ -223,8 +223,8 @@ def _after_a_copy(fns: dict, case: shapes.Case) -> list[dict]:
     rows, calls = [], {}
     for copy_name, copy in copies.items():
         q, k, v = inputs[0]
-        bound = check.tolerance(check.reference_and_sdpa_error(sources[0], k, v, case.causal)[1])
-        reference = check.reference_and_sdpa_error(sources[0], k, v, case.causal)[0]
+        reference, sdpa_err = check.reference_and_sdpa_error(sources[0], k, v, case.causal)
+        bound = check.tolerance(sdpa_err)
         q.fill_(float("nan"))
         copy(sources[0], q)
         err = float((fns[PDL](q, k, v, causal=case.causal).double() - reference).abs().max())
