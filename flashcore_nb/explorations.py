@@ -302,13 +302,17 @@ def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
 
 
 def timings(record: dict, set_name: str) -> pd.DataFrame:
-    """One timing set: per case and build, the GPU time, its spread over rounds, and the GPU time paired with the
-    set's reference build in the same rounds (below 1: faster), with that ratio's spread."""
+    """One timing set: per case and build, the median GPU time, and the GPU time paired with the set's reference
+    build (its first) in the same rounds (below 1: faster), with that ratio's spread over the rounds."""
     rows = [r for r in record["rows"] if r["kind"] == "timing" and r["set"] == set_name]
-    frame = pd.DataFrame(rows)[["case", "build", "gpu_us", "gpu_us_min", "gpu_us_max", "ratio", "ratio_min",
-                                "ratio_max"]]
-    return frame.rename(columns={"gpu_us": "GPU time (µs)", "gpu_us_min": "min", "gpu_us_max": "max",
-                                 "ratio": "× reference", "ratio_min": "ratio min", "ratio_max": "ratio max"})
+    frame = pd.DataFrame(rows)[["case", "build", "gpu_us", "ratio", "ratio_min", "ratio_max"]]
+    return frame.rename(columns={"gpu_us": "GPU time (µs)", "ratio": "× reference", "ratio_min": "lowest round",
+                                 "ratio_max": "highest round"})
+
+
+def table(record: dict, set_name: str):
+    """timings() as the chapters show it."""
+    return timings(record, set_name).style.format(precision=3).hide(axis="index")
 
 
 def checks(record: dict) -> pd.DataFrame:
