@@ -37,6 +37,7 @@ class Build:
     defines: dict = field(default_factory=dict)
     patched: bool = False              # built with PATCH applied
     timed_only: bool = False           # wrong outputs by design: never checked
+    inexact: bool = False              # checked, and its checks recorded, but not required to pass
 
 
 BUILDS = {
@@ -47,6 +48,8 @@ BUILDS = {
     "no combine": Build(CLUSTER, {"EXP_STOP": 3}, True, True),
     "no wait for Q and the first K tile": Build(CLUSTER, {"EXP_NOWAIT": 1}, True, True),
     "no wait for any tile": Build(CLUSTER, {"EXP_NOWAIT": 2}, True, True),
+    "no exponentials": Build(CLUSTER, {"EXP_NOEXP": 1}, True, True),
+    "exponentials in fp16 pairs": Build(CLUSTER, {"EXP_HALFEXP": 1}, True, inexact=True),
     "PDL, waits only": Build(CLUSTER, {"EXP_PDL": 1}, True),
     "PDL, signal after the CTA barrier": Build(CLUSTER, {"EXP_PDL": 2}, True),
     "PDL, signal after the last copy": Build(CLUSTER, {"EXP_PDL": 3}, True),
@@ -58,6 +61,7 @@ BUILDS = {
     "uneven split, one tile": Build(CLUSTER, {"EXP_UNEVEN": 1}, True),
     "uneven split, two tiles": Build(CLUSTER, {"EXP_UNEVEN": 2}, True),
     "later tiles held back": Build(CLUSTER, {"EXP_HOLD": 1}, True),
+    "epilogue reciprocal": Build(CLUSTER, {"EXP_RCP": 1}, True),
     "64-row": Build(ROWS64),
     "64-row, 192-key tiles": Build(ROWS64, {"BLOCK_N": 192, "STAGES": 2}),
     "64-row, 256-key tiles": Build(ROWS64, {"BLOCK_N": 256, "STAGES": 2}),
@@ -67,6 +71,8 @@ BUILDS = {
     "defaults, PDL": Build("", {"EXP_PDL": 3}, True),
     "defaults, 4-byte stores": Build("", {"WIDE_STORES": 0}),
     "defaults, stores skipped": Build("", {"EXP_NOSTORE": 1}, True, True),
+    "defaults, no exponentials": Build("", {"EXP_NOEXP": 1}, True, True),
+    "defaults, exponentials in fp16 pairs": Build("", {"EXP_HALFEXP": 1}, True, inexact=True),
 }
 PDL = "PDL, signal after the last copy"   # the PDL build timed everywhere
 
@@ -77,7 +83,7 @@ FEW_HEADS = [shapes.Case(f"b1h{h}_s512", 1, h, 512, 64) for h in (2, 4)]
 _MISSIONS = ("mission", "mission_causal")
 SETS = {
     "one cost out": [("mission", ["cluster-keys", "returns at once", "loads only, Q alone", "loads only", "no combine",
-                                  "no wait for Q and the first K tile", "no wait for any tile"])],
+                                  "no wait for Q and the first K tile", "no wait for any tile", "no exponentials"])],
     "PDL back to back": [("mission", ["cluster-keys", "PDL, waits only", "PDL, signal after the CTA barrier", PDL]),
                          ("mission_causal", ["cluster-keys", PDL]),
                          ("b1h16_s512", ["cluster-keys", PDL]),
@@ -86,7 +92,10 @@ SETS = {
                          ("b4h16_s2048", ["defaults", "defaults, PDL"]),
                          ("b2h16_s4096_d128", ["defaults", "defaults, PDL"])],
     "uneven split": [(case, ["cluster-keys", "uneven split, one tile", "uneven split, two tiles",
-                             "later tiles held back"]) for case in (*_MISSIONS, "b1h16_s512", "b1h16_s512_causal")],
+                             "later tiles held back", "epilogue reciprocal"])
+                     for case in (*_MISSIONS, "b1h16_s512", "b1h16_s512_causal")],
+    "exponentials": [("mission", ["cluster-keys", "no exponentials", "exponentials in fp16 pairs"]),
+                     ("b4h16_s2048", ["defaults", "defaults, no exponentials", "defaults, exponentials in fp16 pairs"])],
     "key tiles": [(case, ["cluster-keys", "cluster-keys, 128-key tiles", "cluster-keys, 256-key tiles", "64-row",
                           "64-row, 192-key tiles", "64-row, 256-key tiles"]) for case in _MISSIONS],
     "split-keys": [(case, ["64-row", "split-keys", "split-keys, 128-key tiles"])
@@ -265,7 +274,7 @@ def run(progress=print) -> list[dict]:
                 err, bound = _chain_error(fns[label], cases[case])
                 rows.append({"kind": "chain check", "build": label, "case": case, "max_abs_err": err, "bound": bound,
                              "passed": bool(err <= bound)})
-    failed = [r for r in rows if not r["passed"]]
+    failed = [r for r in rows if not r["passed"] and not BUILDS[r["build"]].inexact]
     if failed:
         raise RuntimeError(f"an exploration build failed its check: {failed[0]}")
     progress(f"checked {len({r['build'] for r in rows})} builds")
@@ -317,8 +326,10 @@ def table(record: dict, set_name: str):
 
 def checks(record: dict) -> pd.DataFrame:
     """Every check the record made, one row each: the eager checks (fp16 and bf16), the chained calls in a CUDA
-    graph (fp16) and the PDL build after each copy (fp16), with the max error vs float64 and the bound."""
+    graph (fp16) and the PDL build after each copy (fp16), with the max error vs float64 and the bound. The
+    inexact builds' checks (an `inexact` column) were recorded without being required to pass."""
     frame = pd.DataFrame([r for r in record["rows"] if r["kind"] != "timing"])
     frame["dtype"] = frame["dtype"].fillna("float16")
     frame["copy"] = frame["copy"].fillna("") if "copy" in frame else ""
-    return frame[["kind", "build", "case", "dtype", "copy", "max_abs_err", "bound", "passed"]]
+    frame["inexact"] = [BUILDS[label].inexact if label in BUILDS else False for label in frame["build"]]
+    return frame[["kind", "build", "case", "dtype", "copy", "max_abs_err", "bound", "passed", "inexact"]]

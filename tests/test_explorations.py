@@ -33,7 +33,8 @@ def test_the_patch_applies_to_phase_9_and_only_adds_switches_that_default_to_off
     patched = build.kernel_text(phase.kernel_file, build.KERNELS_DIR / explorations.PATCH)
     original = phase.kernel_file.read_text()
     assert patched != original
-    for switch in ("EXP_STOP", "EXP_NOWAIT", "EXP_PDL", "EXP_NOSTORE", "EXP_UNEVEN", "EXP_HOLD"):
+    for switch in ("EXP_STOP", "EXP_NOWAIT", "EXP_PDL", "EXP_NOSTORE", "EXP_UNEVEN", "EXP_HOLD", "EXP_HALFEXP",
+                   "EXP_NOEXP", "EXP_RCP"):
         assert f"#ifndef {switch}\n#define {switch} 0\n#endif" in patched
 
 
@@ -50,7 +51,7 @@ def test_every_exploration_build_names_a_known_configuration():
 
 def test_the_patched_build_compiles_with_every_switch_on():
     params = {**explorations.tile_params("cluster-keys", 90), "EXP_STOP": 2, "EXP_NOWAIT": 2, "EXP_PDL": 3,
-              "EXP_NOSTORE": 1, "EXP_UNEVEN": 1, "EXP_HOLD": 1}
+              "EXP_NOSTORE": 1, "EXP_UNEVEN": 1, "EXP_HOLD": 1, "EXP_HALFEXP": 1, "EXP_NOEXP": 1, "EXP_RCP": 1}
     stats = build.compile_only(get(explorations.PHASE).kernel_file, 90, params, True,
                                build.KERNELS_DIR / explorations.PATCH)
     assert stats.kernels == 4 and stats.spill_stores == 0
@@ -91,8 +92,9 @@ RECORD = explorations.load()
 
 def test_the_recorded_explorations_checked_every_correct_build_and_timed_every_set():
     checks = explorations.checks(RECORD)
-    correct = [label for label, b in explorations.BUILDS.items() if not b.timed_only]
-    assert set(checks["build"]) == set(correct) and checks["passed"].all()
+    checked = [label for label, b in explorations.BUILDS.items() if not b.timed_only]
+    assert set(checks["build"]) == set(checked)
+    assert checks.loc[~checks["inexact"], "passed"].all()   # an inexact build's checks are recorded, not required
     assert set(checks.loc[checks["kind"] == "chain check", "build"]) >= {explorations.PDL}
     for set_name, timed in explorations.SETS.items():
         frame = explorations.timings(RECORD, set_name)
