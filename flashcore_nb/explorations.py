@@ -3,16 +3,17 @@
 Each is a build of phase 9 with one thing changed, timed against a reference build in the same interleaved rounds
 (bench.compare), GPU time paired round by round:
 - at the mission shape (1×8×512×64), where the target asks for 4.5 µs: the cluster-keys build with one cost taken
-  out at a time (the launch alone, the loads alone, no combine, no waits), with programmatic dependent launch (PDL),
-  back to back and after another kernel, with the keys split unevenly between its two CTAs, and with larger key
-  tiles;
-- for chapter 9: the split-keys and cluster-keys configurations beside the 64-row one, and the epilogue's stores.
+  out at a time (the launch alone, the loads alone, no combine, no waits, no exponentials), with programmatic
+  dependent launch (PDL), back to back and after another kernel, with the keys split unevenly between its two CTAs,
+  with small changes (later tiles held back, the epilogue's reciprocal), and with larger key tiles;
+- for chapter 9: the split-keys and cluster-keys configurations beside the 64-row one, the epilogue's stores, and
+  the exponentials (taken out, or two at a time in fp16).
 
-The switches that skip work or add PDL are an exploration patch, kernels/explorations/p09_warpspec.patch, applied to
-phase 9's source at build time (source_patch.py); they are never in `attention`. The other builds are phase 9 as it
-is, through its defines. A build marked timed-only skips work or waits, gives wrong outputs by design, and is never
-checked; every other build is checked on the mission shapes first, and the PDL builds also in a CUDA graph of
-chained calls, where a call that read its input too early would read poison.
+The switches are an exploration patch, kernels/explorations/p09_warpspec.patch, applied to phase 9's source at build
+time (source_patch.py); they are never in `attention`. The builds without a switch are phase 9 as it is, through its
+defines. A build marked timed-only skips work or waits, gives wrong outputs by design, and is never checked; every
+other build is checked on the mission shapes first (an inexact one without having to pass), and the PDL builds also
+in a CUDA graph of chained calls, where a call that read its input too early would read poison.
 
 `python -m flashcore_nb explore` records results/<gpu>/experiments/p09_warpspec_explorations.json."""
 from __future__ import annotations
@@ -95,7 +96,8 @@ SETS = {
                              "later tiles held back", "epilogue reciprocal"])
                      for case in (*_MISSIONS, "b1h16_s512", "b1h16_s512_causal")],
     "exponentials": [("mission", ["cluster-keys", "no exponentials", "exponentials in fp16 pairs"]),
-                     ("b4h16_s2048", ["defaults", "defaults, no exponentials", "defaults, exponentials in fp16 pairs"])],
+                     ("b4h16_s2048", ["defaults", "defaults, no exponentials",
+                                      "defaults, exponentials in fp16 pairs"])],
     "key tiles": [(case, ["cluster-keys", "cluster-keys, 128-key tiles", "cluster-keys, 256-key tiles", "64-row",
                           "64-row, 192-key tiles", "64-row, 256-key tiles"]) for case in _MISSIONS],
     "split-keys": [(case, ["64-row", "split-keys", "split-keys, 128-key tiles"])
