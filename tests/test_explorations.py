@@ -1,7 +1,7 @@
 """Exploration builds: a patch applied to a phase's source at build time, its records, and their staleness."""
 import pytest
 
-from flashcore_nb import build, experiments, explorations, results, source_patch
+from flashcore_nb import build, experiments, explorations, source_patch
 from flashcore_nb.phases import get
 
 SOURCE = "a\nb\nc\nd\ne\n"
