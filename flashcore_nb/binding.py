@@ -145,7 +145,8 @@ def load(name: str, *, patch: Path | None = None, **tile_params):
     if gpu is None:
         raise RuntimeError("flashcore_nb.load needs a CUDA GPU; without one, notebooks replay the "
                            "recorded results instead")
-    unknown = {key for key in set(tile_params) - set(phase.tile_params) if patch is None or not key.startswith("EXP_")}
+    unknown = {key for key in set(tile_params) - set(phase.tile_params)
+               if patch is None or not key.startswith("EXP_")}
     if unknown:
         raise ValueError(f"{name} has no tile parameter(s) {sorted(unknown)}; "
                          f"it has {sorted(phase.tile_params)}")

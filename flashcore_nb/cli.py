@@ -22,9 +22,10 @@ each kernel wins, as curves: p06 and every later phase, cuDNN, FA2 and the Trito
 16384, D 64 and 128, causal or not, 16 heads, checked and timed in the same rounds (the results chapter;
 --shapes for a subset of shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec):
 its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a
-couple of cases (--shapes to choose), for the chapter's timeline figure; explore: phase 9's cluster-keys build at
-the mission shape with one cost taken out at a time, with programmatic dependent launch, and with larger key tiles
-(kernels/explorations/, the choosing chapter). From precision on, each writes
+couple of cases (--shapes to choose), for the chapter's timeline figure; explore: phase 9's exploration builds
+(kernels/explorations/): the cluster-keys build at the mission shape with one cost taken out at a time, with
+programmatic dependent launch and with other key splits and tiles (the choosing chapter), and chapter 9's
+configurations, stores and exponentials. From precision on, each writes
 results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
 --out, default book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios
 from their rounds after the way they are summarised changed (no GPU needed; the rounds stay as recorded).

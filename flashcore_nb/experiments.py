@@ -190,15 +190,17 @@ def compile_in_parallel(builds: list[tuple], cc: int, meanwhile=None, workers: i
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    def key(name, params, patch=None):
+    builds = [(*b, None)[:3] for b in builds]   # (phase, tile parameters, patch or None)
+
+    def key(name, params, patch):
         return name, config_label(params), str(patch)
 
     # one worker per distinct build: two compiling the same extension would share its directory
     distinct = {key(*b): b for b in builds}
     workers = max(1, min(len(distinct), workers or (os.cpu_count() or 2) // 2, os.cpu_count() or 1))
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {k: pool.submit(_prebuild, (b[0], cc, b[1], b[2] if len(b) > 2 else None))
-                   for k, b in distinct.items()}
+        futures = {k: pool.submit(_prebuild, (name, cc, params, patch))
+                   for k, (name, params, patch) in distinct.items()}
         if meanwhile is not None:
             meanwhile()
         outcomes = {k: future.result() for k, future in futures.items()}

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 _FILE_RE = re.compile(r"^\+\+\+ b/(\S+)", re.MULTILINE)
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_HUNK_RE = re.compile(r"^@@ -(\d+)")   # where the hunk starts in the original
 
 
 class PatchError(ValueError):
