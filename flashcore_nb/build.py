@@ -153,34 +153,63 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
     The stats of a kernel under kernels/ are kept under the build directory by the build's identity (its
     sources and defines, the arch, the flags and nvcc's version): a page or test that shows them compiles
     once per machine. A file elsewhere (a chapter's own example) is compiled every time."""
-    nvcc = env.nvcc_path()
-    if nvcc is None:
-        raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
     cached = None
     if Path(kernel_file).resolve().is_relative_to(KERNELS_DIR):
-        identity = json.dumps([kernel_sha256(kernel_file, tile_params, patch), cc, arch_specific, NVCC_FLAGS,
-                               env.nvcc_version(), sorted(PtxasStats.__dataclass_fields__)])   # what a stats file holds
-        cached = build_root() / "ptxas" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+        identity = _identity(kernel_file, cc, tile_params, arch_specific, patch,
+                             sorted(PtxasStats.__dataclass_fields__))   # what a stats file holds
+        cached = build_root() / "ptxas" / f"{identity}.json"
         if cached.exists():
             return PtxasStats(**json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(kernel_file)
-        if patch is not None:   # the patched text, compiled from a copy (its includes resolve through -I)
-            source = Path(tmp) / Path(kernel_file).name
-            source.write_text(kernel_text(kernel_file, patch))
-        cmd = [nvcc, "-c", *NVCC_FLAGS, gencode(cc, arch_specific), f"-I{KERNELS_DIR}", *define_flags(tile_params),
-               str(source), "-o", os.path.join(tmp, "kernel.o")]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        log = _nvcc(kernel_file, cc, tile_params, arch_specific, patch, "-c", Path(tmp) / "kernel.o")
+    stats = parse_ptxas(log)
+    if cached is not None:
+        _write_whole(cached, json.dumps(asdict(stats)).encode())
+    return stats
+
+
+def cubin(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False,
+          patch: Path | None = None) -> bytes:
+    """The kernel's machine code for one arch as a cubin (`nvcc -cubin`, the flags of every build), for the driver
+    API to load beside the extension (occupancy.py); kept under the build directory by the build's identity."""
+    cached = build_root() / "cubin" / f"{_identity(kernel_file, cc, tile_params, arch_specific, patch)}.cubin"
+    if not cached.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            _nvcc(kernel_file, cc, tile_params, arch_specific, patch, "-cubin", Path(tmp) / "kernel.cubin")
+            _write_whole(cached, (Path(tmp) / "kernel.cubin").read_bytes())
+    return cached.read_bytes()
+
+
+def _identity(kernel_file, cc, tile_params, arch_specific, patch, *extra) -> str:
+    """A build's identity: its sources and defines, the arch, the flags and nvcc's version."""
+    identity = json.dumps([kernel_sha256(kernel_file, tile_params, patch), cc, arch_specific, NVCC_FLAGS,
+                           env.nvcc_version(), *extra])
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def _nvcc(kernel_file, cc, tile_params, arch_specific, patch, mode: str, output: Path) -> str:
+    """nvcc in `mode` (-c, -cubin) on the kernel (patched where a patch is named) into `output`; its log."""
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        raise CompileError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    source = Path(kernel_file)
+    if patch is not None:   # the patched text, compiled from a copy (its includes resolve through -I)
+        source = output.parent / Path(kernel_file).name
+        source.write_text(kernel_text(kernel_file, patch))
+    cmd = [nvcc, mode, *NVCC_FLAGS, gencode(cc, arch_specific), f"-I{KERNELS_DIR}", *define_flags(tile_params),
+           str(source), "-o", str(output)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise _compile_error(f"nvcc failed for sm_{cc}:", log)
-    stats = parse_ptxas(log)
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
-        partial.write_text(json.dumps(asdict(stats)))
-        partial.replace(cached)   # readers see a whole file or none
-    return stats
+    return log
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}")
+    partial.write_bytes(data)
+    partial.replace(path)   # readers see a whole file or none
 
 
 # --- load_inline --------------------------------------------------------------------------------

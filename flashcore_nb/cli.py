@@ -1,4 +1,4 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,explore,figures,summarise} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,explore,clusters,figures,summarise} [--phase NAME|all] [--shapes a,b]
 
 info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
 beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
@@ -25,8 +25,9 @@ its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step 
 couple of cases (--shapes to choose), for the chapter's timeline figure; explore: phase 9's exploration builds
 (kernels/explorations/): the cluster-keys build at the mission shape with one cost taken out at a time, with
 programmatic dependent launch and with other key splits and tiles (the choosing chapter), and chapter 9's
-configurations, stores and exponentials. From precision on, each writes
-results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
+configurations, stores and exponentials; clusters: how many thread-block clusters of each size the cluster builds
+of phases 9 and 10 fit on this GPU at once (the driver's occupancy API, chapters 9 and 10). From precision on,
+each writes results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
 --out, default book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios
 from their rounds after the way they are summarised changed (no GPU needed; the rounds stay as recorded).
 """
@@ -38,8 +39,8 @@ import sys
 
 import pandas as pd
 
-from . import (accuracy, binding, build, drift, env, experiments, explorations, grid, peaks, plots, process_state,
-               profile, results, sanitize, seqlen, shapes, trace)
+from . import (accuracy, binding, build, drift, env, experiments, explorations, grid, occupancy, peaks, plots,
+               process_state, profile, results, sanitize, seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
                                             "drift", "procstate", "split", "accuracy", "grid", "seqlen", "trace",
-                                            "explore", "figures", "summarise"])
+                                            "explore", "clusters", "figures", "summarise"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
                  "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record, "procstate": process_state.record,
                  "split": experiments.record_key_split, "grid": grid.record, "explore": explorations.record,
+                 "clusters": occupancy.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())
