@@ -171,7 +171,7 @@ def compile_only(kernel_file: Path, cc: int, tile_params: dict, arch_specific: b
 def cubin(kernel_file: Path, cc: int, tile_params: dict, arch_specific: bool = False,
           patch: Path | None = None) -> bytes:
     """The kernel's machine code for one arch as a cubin (`nvcc -cubin`, the flags of every build), for the driver
-    API to load beside the extension (occupancy.py); kept under the build directory by the build's identity."""
+    API to load beside the extension (clusters.py); kept under the build directory by the build's identity."""
     cached = build_root() / "cubin" / f"{_identity(kernel_file, cc, tile_params, arch_specific, patch)}.cubin"
     if not cached.exists():
         with tempfile.TemporaryDirectory() as tmp:

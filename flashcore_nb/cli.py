@@ -39,7 +39,7 @@ import sys
 
 import pandas as pd
 
-from . import (accuracy, binding, build, drift, env, experiments, explorations, grid, occupancy, peaks, plots,
+from . import (accuracy, binding, build, clusters, drift, env, experiments, explorations, grid, peaks, plots,
                process_state, profile, results, sanitize, seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
                  "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record, "procstate": process_state.record,
                  "split": experiments.record_key_split, "grid": grid.record, "explore": explorations.record,
-                 "clusters": occupancy.record,
+                 "clusters": clusters.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from flashcore_nb import build, env, experiments, occupancy, results
+from flashcore_nb import build, clusters, env, experiments, results
 from flashcore_nb.phases import get
 
 OFFSETS_PROGRAM = r"""
@@ -28,18 +28,18 @@ def test_the_launch_structures_match_cuda_h(tmp_path):
     subprocess.run([nvcc, "-x", "c", str(source), "-o", str(program)], check=True, capture_output=True)
     expected = [int(n) for n in subprocess.run([str(program)], check=True, capture_output=True,
                                                text=True).stdout.split()]
-    config = occupancy._LaunchConfig
-    assert [ctypes.sizeof(occupancy._LaunchAttribute), occupancy._LaunchAttribute.value.offset,
+    config = clusters._LaunchConfig
+    assert [ctypes.sizeof(clusters._LaunchAttribute), clusters._LaunchAttribute.value.offset,
             ctypes.sizeof(config), config.shared_bytes.offset, config.stream.offset, config.attrs.offset,
             config.num_attrs.offset] == expected
 
 
 @pytest.mark.parametrize("label", ["p09 cluster-keys", "p10 defaults"])
 def test_each_build_has_one_fp16_entry_point_and_its_cubin_holds_it(label):
-    phase_name, _, _, flag = occupancy.BUILDS[label]
-    phase, params = get(phase_name), occupancy.build_params(label, 90)
+    phase_name, _, _, flag = clusters.BUILDS[label]
+    phase, params = get(phase_name), clusters.build_params(label, 90)
     stats = build.compile_only(phase.kernel_file, 90, params, phase.arch_specific)
-    entry = occupancy.entry_point(stats.entry_registers, flag)
+    entry = clusters.entry_point(stats.entry_registers, flag)
     assert "6__half" in entry and phase.kernel_name in entry
     image = build.cubin(phase.kernel_file, 90, params, phase.arch_specific)
     assert image[:4] == b"\x7fELF" and entry.encode() in image
@@ -47,16 +47,16 @@ def test_each_build_has_one_fp16_entry_point_and_its_cubin_holds_it(label):
 
 def test_an_entry_point_must_be_found_once():
     with pytest.raises(ValueError, match="expected one entry point"):
-        occupancy.entry_point({"_Z3fooI6__halfLi64ELb0EEv11FlashParams": 32}, True)
+        clusters.entry_point({"_Z3fooI6__halfLi64ELb0EEv11FlashParams": 32}, True)
 
 
 def test_the_recorded_occupancy_covers_every_build_and_size():
-    record = experiments.load(occupancy.NAME)
+    record = experiments.load(clusters.NAME)
     assert experiments.stale_builds(record) == []
     rows = {(r["build"], r["cluster_size"]): r for r in record["rows"]}
-    assert set(rows) == {(label, size) for label in occupancy.BUILDS for size in occupancy.CLUSTER_SIZES}
+    assert set(rows) == {(label, size) for label in clusters.BUILDS for size in clusters.CLUSTER_SIZES}
     for (label, size), row in rows.items():
         assert row["ctas"] == size * row["max_active_clusters"] and row["threads"] > 0 and row["shared_bytes"] > 0
-    for label in occupancy.BUILDS:   # a larger cluster never fits more CTAs than single CTAs do
-        assert all(rows[label, size]["ctas"] <= rows[label, 1]["ctas"] for size in occupancy.CLUSTER_SIZES)
-    assert results.experiment_path(occupancy.NAME).exists()
+    for label in clusters.BUILDS:   # a larger cluster never fits more CTAs than single CTAs do
+        assert all(rows[label, size]["ctas"] <= rows[label, 1]["ctas"] for size in clusters.CLUSTER_SIZES)
+    assert results.experiment_path(clusters.NAME).exists()

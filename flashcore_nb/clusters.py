@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import pandas as pd
+
 from . import build, dispatch, experiments, results
 from .phases import get
 
@@ -136,3 +138,28 @@ def record() -> Path:
     rows = run()
     return results.write(experiments.make_record(NAME, None, builds, rows,
                                                  build_phases={label: b[0] for label, b in BUILDS.items()}))
+
+
+# --- reading the record --------------------------------------------------------------------------------------
+
+def load(gpu_slug: str = results.DEFAULT_GPU) -> dict | None:
+    """The recorded occupancy, or None where it was never recorded on that GPU."""
+    if not results.experiment_path(NAME, gpu_slug).exists():
+        return None
+    return experiments.load(NAME, gpu_slug)
+
+
+def table(record: dict, phase: str) -> pd.DataFrame:
+    """For one phase's builds ("p09", "p10"): cluster size -> how many clusters of it fit at once, a column per
+    build, beside the CTAs those clusters hold in the first build's column."""
+    frame = pd.DataFrame([r for r in record["rows"] if r["build"].startswith(phase)])
+    fits = frame.pivot(index="cluster_size", columns="build", values="max_active_clusters")
+    fits = fits[[label for label in BUILDS if label in fits.columns]]
+    fits.insert(0, "CTAs they hold", frame.drop_duplicates("cluster_size").set_index("cluster_size")["ctas"])
+    fits.columns.name = None
+    return fits.rename_axis("CTAs per cluster")
+
+
+def fits(record: dict, label: str, size: int) -> int:
+    """How many clusters of `size` CTAs of the build `label` fit on the GPU at once."""
+    return next(r["max_active_clusters"] for r in record["rows"] if r["build"] == label and r["cluster_size"] == size)
