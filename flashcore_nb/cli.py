@@ -1,35 +1,35 @@
-"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,explore,clusters,figures,summarise} [--phase NAME|all] [--shapes a,b]
+"""python -m flashcore_nb {info,build,check,bench,record,stats,methods,precision,sweep,sanitize,ablate,rungs,profile,peaks,drift,procstate,split,accuracy,grid,seqlen,trace,explore,clusters,heldout,figures,summarise} [--phase NAME|all] [--shapes a,b]
 
-info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings
-beside SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into
-results/<gpu>/<phase>.json; stats: ptxas per arch with plain nvcc (no GPU needed); methods: the timing-
-method experiment of chapter 0; precision: chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep:
-every tile configuration of a phase (--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter
-6's compute-sanitizer reports (the planted bug, the real kernel clean); ablate: chapters 7 and 8's
-techniques changed one at a time (--phase p07_registers, p08_wgmma, or all); rungs: chapter 7's kernel built
-up in cumulative rungs, each checked and timed beside SDPA default, the defaults and the rung before
-(--phase p07_registers); profile: each phase's Nsight Compute counters (--phase, or all this GPU runs; needs
-ncu), every chapter's "What limits it now", and chapter 7's rungs' counters; peaks: this GPU's measured
-fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2 time moved between
-records (the methodology page's experiment); procstate: phase 2's GPU time at the mission shape, causal, in
-six fresh processes on eight placements each, beside controls (what one process keeps: chapter 0); split:
-where p07's key-split path pays, on small problems (chapter 7); accuracy: each phase (--phase, or all this
-GPU runs) on 1,000 seeded random problems and 200 of a stressed kind, beside SDPA's error, with the variants
-tagged "accuracy" (one suspect of a larger error changed each) on the same problems and timed (the results
-chapter); grid: every candidate phase and SDPA backend over the grid of shapes, the tuning table
-flashcore_nb.attention reads, and attention timed through it (chapter "Choosing a kernel"); seqlen: where
-each kernel wins, as curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ...
-16384, D 64 and 128, causal or not, 16 heads, checked and timed in the same rounds (the results chapter;
---shapes for a subset of shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec):
-its instrumented builds (TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a
-couple of cases (--shapes to choose), for the chapter's timeline figure; explore: phase 9's exploration builds
-(kernels/explorations/): the cluster-keys build at the mission shape with one cost taken out at a time, with
-programmatic dependent launch and with other key splits and tiles (the choosing chapter), and chapter 9's
-configurations, stores and exponentials; clusters: how many thread-block clusters of each size the cluster builds
-of phases 9 and 10 fit on this GPU at once (the driver's occupancy API, chapters 9 and 10). From precision on,
-each writes results/<gpu>/experiments/. figures: the README's ladder figure from the recorded results (no GPU needed;
---out, default book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios
-from their rounds after the way they are summarised changed (no GPU needed; the rounds stay as recorded).
+info: this machine; build: compile (cold/cached time); check: errors on the shape suite; bench: timings beside
+SDPA; record: check + bench (its rounds spread over three fresh processes) + ptxas into results/<gpu>/<phase>.json;
+stats: ptxas per arch with plain nvcc (no GPU needed); methods: the timing-method experiment of chapter 0;
+precision: chapter 4's FP16 P / FP32 P / padding-bug experiment; sweep: every tile configuration of a phase
+(--phase p05_tile64 or p06_async), checked and timed; sanitize: chapter 6's compute-sanitizer reports (the planted
+bug, the real kernel clean); ablate: chapters 7 and 8's techniques changed one at a time (--phase p07_registers,
+p08_wgmma, or all); rungs: chapter 7's kernel built up in cumulative rungs, each checked and timed beside SDPA
+default, the defaults and the rung before (--phase p07_registers); profile: each phase's Nsight Compute counters
+(--phase, or all this GPU runs; needs ncu), every chapter's "What limits it now", and chapter 7's rungs' counters;
+peaks: this GPU's measured fp16/bf16 matmul rate and copy bandwidth, the roofline's ceilings; drift: why SDPA's FA2
+time moved between records (the methodology page's experiment); procstate: phase 2's GPU time at the mission shape,
+causal, in six fresh processes on eight placements each, beside controls (what one process keeps: chapter 0);
+split: where p07's key-split path pays, on small problems (chapter 7); accuracy: each phase (--phase, or all this
+GPU runs) on 1,000 seeded random problems and 200 of a stressed kind, beside SDPA's error, with the variants tagged
+"accuracy" (one suspect of a larger error changed each) on the same problems and timed (the results chapter); grid:
+every candidate phase and SDPA backend over the grid of shapes, the tuning table flashcore_nb.attention reads, and
+attention timed through it (chapter "Choosing a kernel"); heldout: attention, through the committed table, on
+shapes the grid never timed, beside the fastest candidate raced there (the same chapter); seqlen: where each kernel
+wins, as curves: p06 and every later phase, cuDNN, FA2 and the Triton peer over S = 128 ... 16384, D 64 and 128,
+causal or not, 16 heads, checked and timed in the same rounds (the results chapter; --shapes for a subset of
+shapes.SEQLEN_SWEEP); trace: a measured timeline of one CTA (--phase p09_warpspec): its instrumented builds
+(TRACE=1, the variants tagged "trace") stamp every step of CTA 0's warpgroups on a couple of cases (--shapes to
+choose), for the chapter's timeline figure; explore: phase 9's exploration builds (kernels/explorations/): the
+cluster-keys build at the mission shape with one cost taken out at a time, with programmatic dependent launch and
+with other key splits and tiles (the choosing chapter), and chapter 9's configurations, stores and exponentials;
+clusters: how many thread-block clusters of each size the cluster builds of phases 9 and 10 fit on this GPU at once
+(the driver's occupancy API, chapters 9 and 10). From precision on, each writes results/<gpu>/experiments/.
+figures: the README's ladder figure from the recorded results (no GPU needed; --out, default
+book/_static/ladder.png); summarise: re-derive the recorded phase records' paired ratios from their rounds after
+the way they are summarised changed (no GPU needed; the rounds stay as recorded).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ import sys
 
 import pandas as pd
 
-from . import (accuracy, binding, build, clusters, drift, env, experiments, explorations, grid, peaks, plots,
-               process_state, profile, results, sanitize, seqlen, shapes, trace)
+from . import (accuracy, binding, build, clusters, drift, env, experiments, explorations, grid, heldout, peaks,
+               plots, process_state, profile, results, sanitize, seqlen, shapes, trace)
 from .measure import collect_runs, dtypes_for, record_timing_methods
 from .paths import README_FIGURE
 from .phases import PHASES, get
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=["info", "build", "check", "bench", "record", "stats", "methods",
                                             "precision", "sweep", "sanitize", "ablate", "rungs", "profile", "peaks",
                                             "drift", "procstate", "split", "accuracy", "grid", "seqlen", "trace",
-                                            "explore", "clusters", "figures", "summarise"])
+                                            "explore", "clusters", "heldout", "figures", "summarise"])
     parser.add_argument("--phase", default="all", help="phase name, or 'all' (default)")
     parser.add_argument("--shapes", default=None, help="comma-separated case names (see shapes.py)")
     parser.add_argument("--arch", type=int, action="append",
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
                  "sanitize": sanitize.record,
                  "peaks": peaks.record, "drift": drift.record, "procstate": process_state.record,
                  "split": experiments.record_key_split, "grid": grid.record, "explore": explorations.record,
-                 "clusters": clusters.record,
+                 "clusters": clusters.record, "heldout": heldout.record,
                  "seqlen": lambda: seqlen.record(cases=shapes.select(args.shapes, "seqlen"))}
     if args.command in recorders:
         print("wrote", recorders[args.command]())

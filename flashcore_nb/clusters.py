@@ -81,7 +81,8 @@ def max_active_clusters(image: bytes, entry: str, threads: int, shared_bytes: in
     module, function = ctypes.c_void_p(), ctypes.c_void_p()
     _check(driver.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
     try:
-        _check(driver.cuModuleGetFunction(ctypes.byref(function), module, entry.encode()), f"cuModuleGetFunction({entry})")
+        _check(driver.cuModuleGetFunction(ctypes.byref(function), module, entry.encode()),
+               f"cuModuleGetFunction({entry})")
         _check(driver.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
                "cuFuncSetAttribute(max dynamic shared memory)")
         _check(driver.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),

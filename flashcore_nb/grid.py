@@ -95,7 +95,7 @@ def dispatched(case: shapes.Case) -> dict:
             "dispatch": timings, "dispatch_sm_clock_mhz": clock}
 
 
-def _prebuild(builds: list[tuple[str, dict]], cc: int) -> None:
+def prebuild(builds: list[tuple[str, dict]], cc: int) -> None:
     """Every candidate's (phase, tile parameters) compiled in parallel, the launcher meanwhile (on a fresh
     machine, minutes saved)."""
     from . import build, launcher
@@ -120,7 +120,7 @@ def record(progress=print) -> Path:
     gpu = env.gpu()
     names = candidates(gpu)
     configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
-    _prebuild(list(configurations.values()), gpu.cc)
+    prebuild(list(configurations.values()), gpu.cc)
     fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
     say(f"built {', '.join(names) or 'no candidate'}")
     rows = []

@@ -113,7 +113,7 @@ def record(progress=partial(print, flush=True), cases: list[shapes.Case] | None 
     built = [name for name in names if PHASES[name].runs_on(gpu.cc)]
     for name in sorted(set(names) - set(built), key=names.index):
         say(f"{name}: skipped, it needs an {PHASES[name].requirement} GPU")
-    grid._prebuild([(name, PHASES[name].tile_params_for(gpu.cc)) for name in built], gpu.cc)   # in parallel
+    grid.prebuild([(name, PHASES[name].tile_params_for(gpu.cc)) for name in built], gpu.cc)   # in parallel
     fns = {name: load_phase(name) for name in built}
     say(f"built {', '.join(built) or 'no phase'}; {len(cases)} cases, {ROUNDS} rounds each")
 

@@ -122,8 +122,28 @@ SEQLEN_SWEEP = [
 # ablation (phases.Phase.ablation_cases), beside the grid's 16 x 16 x 2048 x 128 causal.
 LONG_CAUSAL = [Case("b1h32_s8192_d128_causal", 1, 32, 8192, 128, causal=True)]
 
+# Off the grid (heldout.py, `python -m flashcore_nb heldout`): shapes the grid never timed, to see whether the
+# tuning table's nearest-case rule serves the shapes between its cases. Chosen, not drawn, to fall between the grid's
+# points on each of the rule's three sizes (B·H, Sq, Sk): heads other than 16 (8 to 40), sequence lengths between
+# the grid's powers of four and ragged ones (1000, 2500), Sq ≠ Sk without a mask, and the 65-255 work items of 128
+# rows the grid has none of (chapter 9). Both head dims, both masks, at most GRID_MAX_TOKENS tokens per call.
+HELDOUT = [
+    Case(f"held_b{b}h{h}_s{s}" + (f"_k{sk}" if sk else "") + ("_d128" if d == 128 else "") +
+         ("_causal" if causal else ""), b, h, s, d, causal=causal, seqlen_k=sk)
+    for b, h, s, sk, d, causal in [
+        (1, 8, 1024, None, 64, False), (1, 8, 256, None, 64, True), (2, 8, 512, None, 64, False),
+        (2, 16, 512, None, 64, False), (1, 32, 512, None, 64, True), (3, 16, 512, None, 128, False),
+        (1, 12, 768, None, 64, False), (2, 12, 1536, None, 128, True), (4, 16, 1024, None, 64, False),
+        (4, 16, 1024, None, 128, True), (8, 16, 256, None, 64, False), (8, 16, 256, None, 128, True),
+        (2, 20, 4096, None, 64, False), (1, 16, 3072, None, 128, True), (1, 32, 4096, None, 64, True),
+        (1, 16, 6144, None, 128, False), (16, 16, 384, None, 64, True), (12, 16, 1024, None, 64, False),
+        (1, 16, 1000, None, 64, True), (2, 16, 2500, None, 128, False), (1, 40, 512, None, 128, False),
+        (1, 16, 256, 2048, 64, False), (4, 8, 64, 4096, 128, False), (2, 16, 1024, 256, 64, False),
+    ]
+]
+
 SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION],
-          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL}
+          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL, "heldout": HELDOUT}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

@@ -1,0 +1,99 @@
+"""Off the grid: `attention` on shapes the grid never timed (chapter "Choosing a kernel").
+
+    python -m flashcore_nb heldout     # writes results/<gpu>/experiments/heldout.json
+
+The tuning table ranks the candidates at the grid's cases only; `attention` serves every other shape with the
+ranking of the nearest case (tuning.nearest). Whether that rule holds between the cases is measured here, on
+shapes.HELDOUT, in fp16, with the grid's own steps (grid.race, grid.dispatched):
+1. the race: every candidate that runs the case and every baseline, in the same interleaved rounds, so that the
+   fastest candidate there is known;
+2. `attention` as a user gets it, through the committed table (the grid record this GPU has), its choice checked
+   against the float64 reference and timed beside SDPA default and the Triton peer.
+Its regret at a case is the GPU time of the candidate it chose over the fastest candidate's, paired in the race's
+rounds: 1.0 where it chose the fastest."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from . import env, experiments, grid, results, shapes, tuning
+from .bench import paired_ratio
+from .paths import RESULTS_DIR
+
+NAME = "heldout"
+
+
+def record(progress=print) -> Path:
+    """The two steps on every held-out case, then the record; a line per case as it goes."""
+    from .binding import load as load_phase
+    from .dispatch import candidates, configuration, table_for
+
+    gpu = env.gpu()
+    table = table_for(gpu)
+    if table is None:
+        raise RuntimeError(f"no tuning table for the {gpu.name}: record the grid first (python -m flashcore_nb grid)")
+    names = candidates(gpu)
+    configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
+    grid.prebuild(list(configurations.values()), gpu.cc)
+    fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
+    rows = []
+    for case in shapes.HELDOUT:
+        row = grid.race(case, fns, gpu)
+        row["nearest_grid_case"] = tuning.nearest(table, tuning.Problem.of_case(case, grid.DTYPE)).case
+        row.update(grid.dispatched(case))
+        rows.append(row)
+        speed = 1 / paired_ratio(row["dispatch"]["attention"], row["dispatch"]["sdpa_default"])
+        progress(f"{case.name}: {row['choice']} (as at {row['nearest_grid_case']}), "
+                 f"{'correct' if row['check']['passed'] else 'WRONG'}, {speed:.2f}x SDPA default's speed")
+    builds = {name: tile_params for name, (_, tile_params) in configurations.items()}
+    made = experiments.make_record(NAME, None, builds, rows,
+                                   build_phases={name: phase for name, (phase, _) in configurations.items()})
+    made.update(candidates=names, table_source=table.source, gpu_info=asdict(gpu), rounds=grid.ROUNDS)
+    path = results.write(made)
+    progress(pd.Series(summary(frame(made))).to_string())
+    return path
+
+
+# --- reading the record (anywhere) -----------------------------------------------------------------------
+
+def load(gpu_slug: str = results.DEFAULT_GPU, root: Path = RESULTS_DIR) -> dict | None:
+    return experiments.load_if_recorded(NAME, gpu_slug, root)
+
+
+def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
+    return experiments.missing_message(NAME, "The held-out shapes", "heldout", gpu_slug)
+
+
+def frame(record: dict) -> pd.DataFrame:
+    """grid.frame's columns for each held-out case, with the grid case whose ranking `attention` used and its
+    regret: the chosen candidate's GPU time over the fastest candidate's, paired in the race."""
+    frame_ = grid.frame(record)
+    by_case = {row["case"]: row for row in record["rows"]}
+    frame_["nearest_grid_case"] = frame_["case"].map(lambda case: by_case[case]["nearest_grid_case"])
+    frame_["regret"] = [paired_ratio(by_case[case]["race"][choice], by_case[case]["race"][fastest])
+                        for case, choice, fastest in zip(frame_["case"], frame_["choice"], frame_["fastest_candidate"])]
+    return frame_
+
+
+def summary(frame_: pd.DataFrame) -> dict:
+    """Issue 17's grid measures over the held-out shapes, and how often and how much the nearest-case rule missed
+    the fastest candidate."""
+    vs_default = frame_.set_index("case")["speed_vs_sdpa_default"]
+    vs_triton = frame_["speed_vs_triton"].dropna()
+    regret = frame_.set_index("case")["regret"]
+    return {
+        "shapes": len(frame_),
+        "share of shapes at least as fast as SDPA default": float((vs_default >= 1.0).mean()),
+        "worst speed vs SDPA default": float(vs_default.min()),
+        "worst case": vs_default.idxmin(),
+        "geometric mean speed vs SDPA default": statistics.geometric_mean(vs_default),
+        "share of shapes faster than the Triton peer": float((vs_triton > 1.0).mean()) if len(vs_triton) else None,
+        "checks passed": int(frame_["check_passed"].sum()),
+        "chose the fastest candidate": int((frame_["choice"] == frame_["fastest_candidate"]).sum()),
+        "median regret": float(regret.median()),
+        "worst regret": float(regret.max()),
+        "worst regret case": regret.idxmax(),
+    }
