@@ -131,7 +131,7 @@ HELDOUT = [
     Case(f"held_b{b}h{h}_s{s}" + (f"_k{sk}" if sk else "") + ("_d128" if d == 128 else "") +
          ("_causal" if causal else ""), b, h, s, d, causal=causal, seqlen_k=sk)
     for b, h, s, sk, d, causal in [
-        (1, 8, 1024, None, 64, False), (1, 8, 256, None, 64, True), (2, 8, 512, None, 64, False),
+        (1, 8, 1024, None, 64, False), (1, 8, 256, None, 64, True), (3, 8, 512, None, 64, False),
         (2, 16, 512, None, 64, False), (1, 32, 512, None, 64, True), (3, 16, 512, None, 128, False),
         (1, 12, 768, None, 64, False), (2, 12, 1536, None, 128, True), (4, 16, 1024, None, 64, False),
         (4, 16, 1024, None, 128, True), (8, 16, 256, None, 64, False), (8, 16, 256, None, 128, True),
