@@ -7,7 +7,8 @@ As SDPA picks a backend for each call, `attention` picks a candidate: a phase wi
 GPU ("p09_warpspec"), or one of the tile configurations a phase offers beside them ("p09_warpspec:192-row",
 phases.Variant.candidate):
 - with a tuning table for this GPU (tuning.py: the grid recorded on it, or on a GPU of the same compute
-  capability), the fastest candidate recorded at the nearest grid case that can run the problem;
+  capability), the fastest candidate recorded at the nearest grid case of the problem's wave regime that can run
+  the problem;
 - otherwise (the fallback), among the phases marked as candidates (phases.Phase.dispatch) that run the problem
   here, or every phase that does where none can, the last in the book's order whose `fallback_waves` hold the
   problem's size on this GPU (the last of them all where none does), with its default tiles.
@@ -96,7 +97,7 @@ def fallback(gpu: env.GpuInfo, problem: tuning.Problem) -> Choice | None:
 def choose(gpu: env.GpuInfo, problem: tuning.Problem, table: tuning.Table | None) -> Choice | None:
     """The candidate for a problem on a GPU: the table's ranking at the nearest grid case (candidates this version
     no longer has are passed over), else the fallback."""
-    entry = tuning.nearest(table, problem) if table is not None else None
+    entry = tuning.nearest(table, problem, gpu.sms) if table is not None else None
     for name in entry.ranking if entry else ():
         try:
             phase_name, tile_params, _ = configuration(name, gpu.cc)
@@ -104,7 +105,8 @@ def choose(gpu: env.GpuInfo, problem: tuning.Problem, table: tuning.Table | None
             continue
         if can_run(name, problem, gpu):
             return Choice(phase_name, tile_params,
-                          f"the fastest recorded at the nearest grid case, {entry.case}, in the {table.source}", name)
+                          f"the fastest recorded at the nearest grid case of its wave regime, {entry.case}, in the "
+                          f"{table.source}", name)
     return fallback(gpu, problem)
 
 

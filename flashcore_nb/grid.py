@@ -128,7 +128,7 @@ def record(progress=print) -> Path:
         rows.append(race(case, fns, gpu))
         say(f"race {case.name}: fastest {min(rows[-1]['race'], key=lambda name: rows[-1]['race'][name]['gpu_us'])}")
     table = tuning.derive(rows, names)
-    use_table(tuning.from_json(table, gpu.name, gpu.cc, "grid just recorded"))
+    use_table(tuning.from_json(table, gpu.name, gpu.cc, "grid just recorded", gpu.sms))
     try:
         for case, row in zip(shapes.GRID, rows):
             row.update(dispatched(case))

@@ -3,14 +3,16 @@
     python -m flashcore_nb heldout     # writes results/<gpu>/experiments/heldout.json
 
 The tuning table ranks the candidates at the grid's cases only; `attention` serves every other shape with the
-ranking of the nearest case (tuning.nearest). Whether that rule holds between the cases is measured here, on
-shapes.HELDOUT, in fp16, with the grid's own steps (grid.race, grid.dispatched):
+ranking of the nearest case of its wave regime (tuning.nearest). Whether that rule holds between the cases is
+measured here, on the two sets of shapes.py (HELDOUT, which found the fault of the rule without regimes, and
+HELDOUT_CHECK, chosen after the change), in fp16, with the grid's own steps (grid.race, grid.dispatched):
 1. the race: every candidate that runs the case and every baseline, in the same interleaved rounds, so that the
    fastest candidate there is known;
 2. `attention` as a user gets it, through the committed table (the grid record this GPU has), its choice checked
    against the float64 reference and timed beside SDPA default and the Triton peer.
 Its regret at a case is the GPU time of the candidate it chose over the fastest candidate's, paired in the race's
-rounds: 1.0 where it chose the fastest."""
+rounds: 1.0 where it chose the fastest. The race also gives the regret of the rule without wave regimes, the one
+`attention` had before, from the same rounds."""
 from __future__ import annotations
 
 import statistics
@@ -24,6 +26,7 @@ from .bench import paired_ratio
 from .paths import RESULTS_DIR
 
 NAME = "heldout"
+SETS = {"found the fault": shapes.HELDOUT, "checks the change": shapes.HELDOUT_CHECK}
 
 
 def record(progress=print) -> Path:
@@ -40,9 +43,9 @@ def record(progress=print) -> Path:
     grid.prebuild(list(configurations.values()), gpu.cc)
     fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
     rows = []
-    for case in shapes.HELDOUT:
-        row = grid.race(case, fns, gpu)
-        row["nearest_grid_case"] = tuning.nearest(table, tuning.Problem.of_case(case, grid.DTYPE)).case
+    for set_name, case in [(name, case) for name, cases in SETS.items() for case in cases]:
+        row = {"set": set_name, **grid.race(case, fns, gpu)}
+        row["nearest_grid_case"] = tuning.nearest(table, tuning.Problem.of_case(case, grid.DTYPE), gpu.sms).case
         row.update(grid.dispatched(case))
         rows.append(row)
         speed = 1 / paired_ratio(row["dispatch"]["attention"], row["dispatch"]["sdpa_default"])
@@ -53,7 +56,9 @@ def record(progress=print) -> Path:
                                    build_phases={name: phase for name, (phase, _) in configurations.items()})
     made.update(candidates=names, table_source=table.source, gpu_info=asdict(gpu), rounds=grid.ROUNDS)
     path = results.write(made)
-    progress(pd.Series(summary(frame(made))).to_string())
+    recorded = frame(made)
+    for set_name in SETS:
+        progress(f"{set_name}:\n" + pd.Series(summary(recorded[recorded["set"] == set_name])).to_string())
     return path
 
 
@@ -68,19 +73,33 @@ def missing_message(gpu_slug: str = results.DEFAULT_GPU) -> str:
 
 
 def frame(record: dict) -> pd.DataFrame:
-    """grid.frame's columns for each held-out case, with the grid case whose ranking `attention` used and its
-    regret: the chosen candidate's GPU time over the fastest candidate's, paired in the race."""
+    """grid.frame's columns for each held-out case, with its set, its wave regime on the recorded GPU, the grid case
+    whose ranking `attention` used and its regret (the chosen candidate's GPU time over the fastest candidate's,
+    paired in the race), and the same for the rule without wave regimes: its grid case, choice and regret."""
     frame_ = grid.frame(record)
     by_case = {row["case"]: row for row in record["rows"]}
-    frame_["nearest_grid_case"] = frame_["case"].map(lambda case: by_case[case]["nearest_grid_case"])
-    frame_["regret"] = [paired_ratio(by_case[case]["race"][choice], by_case[case]["race"][fastest])
-                        for case, choice, fastest in zip(frame_["case"], frame_["choice"], frame_["fastest_candidate"])]
-    return frame_
+    table, sms = tuning.from_record(grid.load()), record["gpu_info"]["sms"]
+    extra = []
+    for case, choice, fastest in zip(frame_["case"], frame_["choice"], frame_["fastest_candidate"]):
+        row = by_case[case]
+        problem = tuning.Problem(row["dtype"], row["head_dim"], row["causal"], row["batch"] * row["heads"],
+                                 row["seqlen_q"], row["seqlen_k"])
+        sizes_only = tuning.nearest(table, problem)
+        before = next(name for name in sizes_only.ranking if name in row["race"])
+        extra.append({"set": row["set"], "wave regime": problem.wave_regime(sms),
+                      "nearest_grid_case": row["nearest_grid_case"],
+                      "regret": paired_ratio(row["race"][choice], row["race"][fastest]),
+                      "sizes-only case": sizes_only.case, "sizes-only choice": before,
+                      "sizes-only regret": paired_ratio(row["race"][before], row["race"][fastest]),
+                      "sizes-only speed vs SDPA default": 1 / paired_ratio(row["race"][before],
+                                                                           row["race"]["sdpa_default"])})
+    return pd.concat([frame_, pd.DataFrame(extra)], axis=1)
 
 
 def summary(frame_: pd.DataFrame) -> dict:
-    """Issue 17's grid measures over the held-out shapes, and how often and how much the nearest-case rule missed
-    the fastest candidate."""
+    """Issue 17's grid measures over some held-out shapes (`attention` timed beside SDPA default and the Triton
+    peer), and how often and how much its rule missed the fastest candidate of the race, beside the rule without
+    wave regimes (its speed over SDPA default from the race's rounds)."""
     vs_default = frame_.set_index("case")["speed_vs_sdpa_default"]
     vs_triton = frame_["speed_vs_triton"].dropna()
     regret = frame_.set_index("case")["regret"]
@@ -93,7 +112,12 @@ def summary(frame_: pd.DataFrame) -> dict:
         "share of shapes faster than the Triton peer": float((vs_triton > 1.0).mean()) if len(vs_triton) else None,
         "checks passed": int(frame_["check_passed"].sum()),
         "chose the fastest candidate": int((frame_["choice"] == frame_["fastest_candidate"]).sum()),
-        "median regret": float(regret.median()),
         "worst regret": float(regret.max()),
         "worst regret case": regret.idxmax(),
+        "sizes only: chose the fastest candidate":
+            int((frame_["sizes-only choice"] == frame_["fastest_candidate"]).sum()),
+        "sizes only: worst regret": float(frame_["sizes-only regret"].max()),
+        "sizes only: share at least as fast as SDPA default":
+            float((frame_["sizes-only speed vs SDPA default"] >= 1.0).mean()),
+        "sizes only: worst speed vs SDPA default": float(frame_["sizes-only speed vs SDPA default"].min()),
     }

@@ -123,14 +123,25 @@ SEQLEN_SWEEP = [
 LONG_CAUSAL = [Case("b1h32_s8192_d128_causal", 1, 32, 8192, 128, causal=True)]
 
 # Off the grid (heldout.py, `python -m flashcore_nb heldout`): shapes the grid never timed, to see whether the
-# tuning table's nearest-case rule serves the shapes between its cases. Chosen, not drawn, to fall between the grid's
-# points on each of the rule's three sizes (B·H, Sq, Sk): heads other than 16 (8 to 40), sequence lengths between
-# the grid's powers of four and ragged ones (1000, 2500), Sq ≠ Sk without a mask, and the 65-255 work items of 128
-# rows the grid has none of (chapter 9). Both head dims, both masks, at most GRID_MAX_TOKENS tokens per call.
+# tuning table's rule serves the shapes between its cases. Both head dims, both masks, at most GRID_MAX_TOKENS tokens
+# per call. Two sets, each chosen, not drawn:
+# - HELDOUT, chosen before any was timed, to fall between the grid's points on each of the nearest-case rule's three
+#   sizes (B·H, Sq, Sk): heads other than 16 (8 to 40), sequence lengths between the grid's powers of four and
+#   ragged ones (1000, 2500), Sq ≠ Sk without a mask, and the 65-255 work items of 128 rows the grid has none of
+#   (chapter 9). Timed under that rule, they found its fault, and the wave regimes were added to it (tuning.py).
+# - HELDOUT_CHECK, chosen after that change and before it was timed, to check it on shapes it was not made from:
+#   four in each wave regime on the H100 (0: at most 66 work items of 64 rows; 1: 67-132; 2: more), some of them
+#   next to the regimes' edges, and two with Sq ≠ Sk.
+
+
+def _held(prefix: str, b: int, h: int, s: int, sk: int | None, d: int, causal: bool) -> Case:
+    name = f"{prefix}_b{b}h{h}_s{s}" + (f"_k{sk}" if sk else "") + ("_d128" if d == 128 else "")
+    return Case(name + ("_causal" if causal else ""), b, h, s, d, causal=causal, seqlen_k=sk)
+
+
 HELDOUT = [
-    Case(f"held_b{b}h{h}_s{s}" + (f"_k{sk}" if sk else "") + ("_d128" if d == 128 else "") +
-         ("_causal" if causal else ""), b, h, s, d, causal=causal, seqlen_k=sk)
-    for b, h, s, sk, d, causal in [
+    _held("held", *shape)
+    for shape in [
         (1, 8, 1024, None, 64, False), (1, 8, 256, None, 64, True), (3, 8, 512, None, 64, False),
         (2, 16, 512, None, 64, False), (1, 32, 512, None, 64, True), (3, 16, 512, None, 128, False),
         (1, 12, 768, None, 64, False), (2, 12, 1536, None, 128, True), (4, 16, 1024, None, 64, False),
@@ -141,9 +152,20 @@ HELDOUT = [
         (1, 16, 256, 2048, 64, False), (4, 8, 64, 4096, 128, False), (2, 16, 1024, 256, 64, False),
     ]
 ]
+HELDOUT_CHECK = [
+    _held("check", *shape)
+    for shape in [
+        (1, 4, 1024, None, 64, False), (2, 4, 512, None, 128, True), (1, 6, 640, None, 64, True),
+        (4, 4, 256, None, 64, False), (1, 24, 256, None, 64, False), (3, 8, 320, None, 128, True),
+        (1, 10, 768, None, 64, True), (2, 6, 640, None, 128, False), (1, 20, 512, None, 64, True),
+        (2, 12, 512, None, 64, False), (1, 16, 1536, None, 128, False), (6, 16, 768, None, 64, True),
+        (3, 32, 2048, None, 64, False), (8, 16, 2048, None, 128, True), (1, 16, 128, 8192, 64, False),
+        (2, 16, 2048, 512, 64, False),
+    ]
+]
 
 SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION],
-          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL, "heldout": HELDOUT}
+          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL, "heldout": HELDOUT, "heldout_check": HELDOUT_CHECK}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

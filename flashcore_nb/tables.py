@@ -462,15 +462,17 @@ def dispatch_fallback(cases: list[Case], gpus=tuple(budget.GPUS.values())) -> pd
 
 def dispatch_choices(cases: list[Case], gpu, table) -> pd.DataFrame:
     """What `attention` runs for each problem on a GPU (env.GpuInfo) with a tuning table (or None): the
-    problem's size in waves of 128-row query tiles, the nearest grid case, the phase, and why."""
+    problem's size in waves of 128-row query tiles, its wave regime (tuning.py), the nearest grid case of that regime,
+    the phase, and why."""
     from .dispatch import choose
     from .tuning import Problem, nearest
     rows = []
     for case in cases:
         problem = Problem.of_case(case)
-        entry = nearest(table, problem) if table is not None else None
+        entry = nearest(table, problem, gpu.sms) if table is not None else None
         choice = choose(gpu, problem, table)
         rows.append({"problem": case.label(), "waves": problem.waves(gpu.sms),
+                     "wave regime": problem.wave_regime(gpu.sms),
                      "nearest grid case": entry.case if entry else None,
                      "attention runs": choice.candidate if choice else None, "why": choice.reason if choice else None})
     return pd.DataFrame(rows)

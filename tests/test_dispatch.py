@@ -68,6 +68,35 @@ def test_nearest_in_log_sizes_with_ties_to_the_first_in_grid_order():
     assert tuning.nearest(TABLE, problem(1, 16, 512, sk=8192)).case == "b1h16_s2048"
 
 
+H100_TABLE = tuning.Table("NVIDIA H100 80GB HBM3", 90, "synthetic table", _entries(), sms=132)
+
+
+def test_wave_regimes_count_64_row_items_against_the_sms():
+    assert problem(1, 8, 512).wave_regime(132) == 0      # the mission shape: 64 items, two CTAs each fit
+    assert problem(1, 16, 512).wave_regime(132) == 1     # 128 items: one CTA each fits
+    assert problem(1, 12, 768).wave_regime(132) == 2     # 144 items
+    assert problem(1, 12, 768).wave_regime(148) == 1     # the same on a B200's SMs
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: c.name)
+def test_a_grid_case_is_its_own_nearest_in_its_wave_regime(case):
+    assert tuning.nearest(H100_TABLE, tuning.Problem.of_case(case), 132).case == case.name
+
+
+def test_the_nearest_case_is_taken_in_the_problems_wave_regime():
+    # 2x16x512: 256 items of 64 rows, more than the SMs; in sizes alone 1x16x512 (128 items) is as near as 4x16x512
+    # and first in grid order, but only 4x16x512 is across no wave boundary
+    assert tuning.nearest(TABLE, problem(2, 16, 512)).case == "b1h16_s512"
+    assert tuning.nearest(H100_TABLE, problem(2, 16, 512), 132).case == "b4h16_s512"
+    assert tuning.nearest(H100_TABLE, problem(2, 16, 512)).case == "b1h16_s512"   # no SMs given: sizes alone
+    # 1x8x1024: 128 items, one CTA each fits; the mission shape (64 items) is in regime 0
+    assert tuning.nearest(TABLE, problem(1, 8, 1024)).case == "mission"
+    assert tuning.nearest(H100_TABLE, problem(1, 8, 1024), 132).case == "b1h16_s512"
+    # a regime without a grid case takes every case: a table of S >= 2048 only serves the mission shape too
+    only_large = tuning.Table("x", 90, "x", _entries([c for c in GRID if c.seqlen_q >= 2048]), sms=132)
+    assert tuning.nearest(only_large, problem(1, 8, 512), 132).case == "b1h16_s2048"
+
+
 def test_nearest_keeps_head_dim_and_mask_and_prefers_the_dtype():
     assert tuning.nearest(TABLE, problem(1, 8, 512, d=96)) is None
     bf16 = tuning.Entry("bf16 mission", problem(1, 8, 512, dtype="bfloat16"), ("p08_wgmma",))

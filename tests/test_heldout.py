@@ -5,25 +5,30 @@ from flashcore_nb import grid, heldout, shapes, tuning
 def test_the_held_out_shapes_are_off_the_grid_and_have_a_nearest_case():
     table = tuning.from_record(grid.load())
     on_grid = {tuning.Problem.of_case(case) for case in shapes.GRID}
-    for case in shapes.HELDOUT:
+    for case in shapes.HELDOUT + shapes.HELDOUT_CHECK:
         problem = tuning.Problem.of_case(case)
         assert problem not in on_grid, case.name
         assert tuning.nearest(table, problem) is not None, case.name
         assert case.batch * max(case.seqlen_q, case.sk) <= shapes.GRID_MAX_TOKENS, case.name
     items = [case.batch * case.heads * -(-case.seqlen_q // 128) for case in shapes.HELDOUT]
     assert any(64 < n < 256 for n in items)   # the gap chapter 9 names
+    regimes = [tuning.Problem.of_case(case).wave_regime(132) for case in shapes.HELDOUT_CHECK]
+    assert all(regimes.count(regime) >= 4 for regime in (0, 1, 2))
 
 
-def test_the_held_out_record_covers_every_case_through_the_committed_table():
+def test_the_held_out_record_covers_both_sets_through_the_committed_table():
     record = heldout.load()
     assert record is not None, heldout.missing_message()
     # made with the table the repository holds now: a new grid record means a new held-out record
     assert record["table_source"] == tuning.from_record(grid.load()).source
     frame = heldout.frame(record)
-    assert list(frame["case"]) == [case.name for case in shapes.HELDOUT]
+    assert list(zip(frame["set"], frame["case"])) == [(name, case.name) for name, cases in heldout.SETS.items()
+                                                      for case in cases]
     assert frame["check_passed"].all()
-    table = tuning.from_record(grid.load())
-    for case, nearest in zip(shapes.HELDOUT, frame["nearest_grid_case"]):
-        assert tuning.nearest(table, tuning.Problem.of_case(case)).case == nearest
+    table, sms = tuning.from_record(grid.load()), record["gpu_info"]["sms"]
+    for case, nearest in zip(heldout.SETS["found the fault"] + heldout.SETS["checks the change"],
+                             frame["nearest_grid_case"]):
+        assert tuning.nearest(table, tuning.Problem.of_case(case), sms).case == nearest
     chose_fastest = frame["choice"] == frame["fastest_candidate"]
     assert (frame.loc[chose_fastest, "regret"] == 1.0).all() and (frame["regret"] > 0).all()
+    assert (frame["sizes-only regret"] > 0).all()
