@@ -421,6 +421,27 @@ def grid_mission(frame: pd.DataFrame) -> pd.DataFrame:
     return mission.drop(columns=["shape", "fastest", "correct"]).reset_index(drop=True)
 
 
+def heldout_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """heldout.summary for each set of held-out shapes, a column each: the grid's measures for `attention`, then
+    how often and how far its rule and the rule without wave regimes missed the fastest candidate."""
+    from .heldout import SETS, summary
+    return pd.DataFrame({name: summary(frame[frame["set"] == name]) for name in SETS}).rename_axis("measure")
+
+
+def heldout_cases(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every held-out shape: its wave regime, the grid case whose ranking `attention` took and what it ran, the
+    fastest candidate of the race, the regret (GPU time over the fastest candidate's, paired), `attention`'s speed
+    over SDPA default and the Triton peer, and the same choice made without wave regimes."""
+    return pd.DataFrame({
+        "set": frame["set"], "shape": frame["shape"], "regime": frame["wave regime"],
+        "nearest grid case": frame["nearest_grid_case"], "attention runs": frame["choice"],
+        "fastest candidate": frame["fastest_candidate"], "regret": frame["regret"],
+        "speed vs SDPA default": frame["speed_vs_sdpa_default"], "speed vs Triton": frame["speed_vs_triton"],
+        "sizes only: grid case": frame["sizes-only case"], "sizes only: runs": frame["sizes-only choice"],
+        "sizes only: regret": frame["sizes-only regret"],
+    }).reset_index(drop=True)
+
+
 # --- how flashcore_nb.attention chooses (dispatch.py, tuning.py) --------------------------------------------
 
 def dispatch_candidates() -> pd.DataFrame:
