@@ -104,24 +104,40 @@ def prebuild(builds: list[tuple[str, dict]], cc: int) -> None:
         raise build.CompileError("\n".join(errors))
 
 
+def load_candidates(gpu: env.GpuInfo) -> tuple[dict, dict]:
+    """Every candidate of `attention` on this GPU, compiled in parallel and loaded: name -> (phase, tile
+    parameters), and name -> its function."""
+    from .binding import load as load_phase
+    from .dispatch import candidates, configuration
+    configurations = {name: configuration(name, gpu.cc)[:2] for name in candidates(gpu)}
+    prebuild(list(configurations.values()), gpu.cc)
+    return configurations, {name: load_phase(phase, **params) for name, (phase, params) in configurations.items()}
+
+
+def candidates_record(name: str, configurations: dict, rows: list[dict], gpu: env.GpuInfo, **fields) -> dict:
+    """The record of an experiment that raced the candidates (load_candidates' configurations), with the GPU's
+    limits, the rounds and `fields` beside its rows."""
+    record = experiments.make_record(name, None, {n: params for n, (_, params) in configurations.items()}, rows,
+                                     build_phases={n: phase for n, (phase, _) in configurations.items()})
+    record.update(candidates=list(configurations), gpu_info=asdict(gpu), rounds=ROUNDS, **fields)
+    return record
+
+
 def record(progress=print) -> Path:
     """The three steps of the module's docstring on this GPU, then the record; a line per case as it goes
     (with the seconds since the start) and the summary at the end."""
     import time
 
     from . import tables
-    from .binding import load as load_phase
-    from .dispatch import candidates, configuration, use_table
+    from .dispatch import use_table
     start = time.perf_counter()
 
     def say(line: str) -> None:
         progress(f"[{time.perf_counter() - start:4.0f} s] {line}")
 
     gpu = env.gpu()
-    names = candidates(gpu)
-    configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
-    prebuild(list(configurations.values()), gpu.cc)
-    fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
+    configurations, fns = load_candidates(gpu)
+    names = list(configurations)
     say(f"built {', '.join(names) or 'no candidate'}")
     rows = []
     for case in shapes.GRID:
@@ -137,10 +153,7 @@ def record(progress=print) -> Path:
                 f"{speed:.2f}x SDPA default's speed")
     finally:
         use_table(None)
-    builds = {name: tile_params for name, (_, tile_params) in configurations.items()}
-    record = experiments.make_record(NAME, None, builds, rows,
-                                     build_phases={name: phase for name, (phase, _) in configurations.items()})
-    record.update(candidates=names, tuning=table, gpu_info=asdict(gpu), rounds=ROUNDS)
+    record = candidates_record(NAME, configurations, rows, gpu, tuning=table)
     path = results.write(record)
     recorded = frame(record)
     progress(tables.grid_targets(summary(recorded)).to_string(index=False))

@@ -16,7 +16,6 @@ rounds: 1.0 where it chose the fastest. The race also gives the regret of the ru
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -31,17 +30,13 @@ SETS = {"found the fault": shapes.HELDOUT, "checks the change": shapes.HELDOUT_C
 
 def record(progress=print) -> Path:
     """The two steps on every held-out case, then the record; a line per case as it goes."""
-    from .binding import load as load_phase
-    from .dispatch import candidates, configuration, table_for
+    from .dispatch import table_for
 
     gpu = env.gpu()
     table = table_for(gpu)
     if table is None:
         raise RuntimeError(f"no tuning table for the {gpu.name}: record the grid first (python -m flashcore_nb grid)")
-    names = candidates(gpu)
-    configurations = {name: configuration(name, gpu.cc)[:2] for name in names}
-    grid.prebuild(list(configurations.values()), gpu.cc)
-    fns = {name: load_phase(phase, **tile_params) for name, (phase, tile_params) in configurations.items()}
+    configurations, fns = grid.load_candidates(gpu)
     rows = []
     for set_name, case in [(name, case) for name, cases in SETS.items() for case in cases]:
         row = {"set": set_name, **grid.race(case, fns, gpu)}
@@ -51,10 +46,7 @@ def record(progress=print) -> Path:
         speed = 1 / paired_ratio(row["dispatch"]["attention"], row["dispatch"]["sdpa_default"])
         progress(f"{case.name}: {row['choice']} (as at {row['nearest_grid_case']}), "
                  f"{'correct' if row['check']['passed'] else 'WRONG'}, {speed:.2f}x SDPA default's speed")
-    builds = {name: tile_params for name, (_, tile_params) in configurations.items()}
-    made = experiments.make_record(NAME, None, builds, rows,
-                                   build_phases={name: phase for name, (phase, _) in configurations.items()})
-    made.update(candidates=names, table_source=table.source, gpu_info=asdict(gpu), rounds=grid.ROUNDS)
+    made = grid.candidates_record(NAME, configurations, rows, gpu, table_source=table.source)
     path = results.write(made)
     recorded = frame(made)
     for set_name in SETS:

@@ -1,5 +1,6 @@
 """The held-out shapes: off the grid by construction, and their record (attention through the committed table)."""
 from flashcore_nb import grid, heldout, shapes, tuning
+from flashcore_nb.env import GpuInfo
 
 
 def test_the_held_out_shapes_are_off_the_grid_and_have_a_nearest_case():
@@ -32,3 +33,14 @@ def test_the_held_out_record_covers_both_sets_through_the_committed_table():
     chose_fastest = frame["choice"] == frame["fastest_candidate"]
     assert (frame.loc[chose_fastest, "regret"] == 1.0).all() and (frame["regret"] > 0).all()
     assert (frame["sizes-only regret"] > 0).all()
+
+
+def test_a_candidates_record_names_every_raced_build_and_the_gpu():
+    gpu = GpuInfo("NVIDIA H100 80GB HBM3", 90, 132, 232448, 0, "test")
+    configurations = {"p09_warpspec": ("p09_warpspec", {}), "p09_warpspec:64-row": ("p09_warpspec", {"CONSUMERS": 1})}
+    record = grid.candidates_record(heldout.NAME, configurations, [], gpu, table_source="a table")
+    assert record["candidates"] == list(configurations) and record["table_source"] == "a table"
+    assert record["gpu_info"]["sms"] == 132 and record["rounds"] == grid.ROUNDS
+    assert {label: b["phase"] for label, b in record["builds"].items()} == {
+        "p09_warpspec": "p09_warpspec", "p09_warpspec:64-row": "p09_warpspec"}
+    assert record["builds"]["p09_warpspec:64-row"]["tile_params"]["CONSUMERS"] == 1
