@@ -428,17 +428,22 @@ def heldout_summary(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({name: summary(frame[frame["set"] == name]) for name in SETS}).rename_axis("measure")
 
 
-def heldout_cases(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every held-out shape: its wave regime, the grid case whose ranking `attention` took and what it ran, the
-    fastest candidate of the race, the regret (GPU time over the fastest candidate's, paired), `attention`'s speed
-    over SDPA default and the Triton peer, and the same choice made without wave regimes."""
+def heldout_cases(frame: pd.DataFrame, set_name: str) -> pd.DataFrame:
+    """The held-out shapes of one set: each one's wave regime, the grid case whose ranking `attention` took and what
+    it ran, the fastest candidate of the race, the regret (GPU time over the fastest candidate's, paired),
+    `attention`'s speed over SDPA default and the Triton peer, and the same choice made without wave regimes;
+    candidates by their phase's number ('p09:64-row')."""
+    part = frame[frame["set"] == set_name]
+
+    def short(names: pd.Series) -> pd.Series:
+        return names.str.replace(r"^(p\d\d)_[a-z]+", r"\1", regex=True)
+
     return pd.DataFrame({
-        "set": frame["set"], "shape": frame["shape"], "regime": frame["wave regime"],
-        "nearest grid case": frame["nearest_grid_case"], "attention runs": frame["choice"],
-        "fastest candidate": frame["fastest_candidate"], "regret": frame["regret"],
-        "speed vs SDPA default": frame["speed_vs_sdpa_default"], "speed vs Triton": frame["speed_vs_triton"],
-        "sizes only: grid case": frame["sizes-only case"], "sizes only: runs": frame["sizes-only choice"],
-        "sizes only: regret": frame["sizes-only regret"],
+        "shape": part["shape"], "regime": part["wave regime"], "nearest grid case": part["nearest_grid_case"],
+        "attention runs": short(part["choice"]), "fastest candidate": short(part["fastest_candidate"]),
+        "regret": part["regret"], "speed vs SDPA default": part["speed_vs_sdpa_default"],
+        "speed vs Triton": part["speed_vs_triton"], "sizes only: grid case": part["sizes-only case"],
+        "sizes only: runs": short(part["sizes-only choice"]), "sizes only: regret": part["sizes-only regret"],
     }).reset_index(drop=True)
 
 
