@@ -1,6 +1,9 @@
 """The held-out shapes: off the grid by construction, and their record (attention through the committed table)."""
-from flashcore_nb import grid, heldout, shapes, tuning
+import pytest
+
+from flashcore_nb import grid, heldout, results, shapes, tuning
 from flashcore_nb.env import GpuInfo
+from flashcore_nb.paths import RESULTS_DIR
 
 
 def test_the_held_out_shapes_are_off_the_grid_and_have_a_nearest_case():
@@ -17,9 +20,16 @@ def test_the_held_out_shapes_are_off_the_grid_and_have_a_nearest_case():
     assert all(regimes.count(regime) >= 4 for regime in (0, 1, 2))
 
 
-def test_the_held_out_record_covers_both_sets_through_the_committed_table():
-    record = heldout.load()
-    assert record is not None, heldout.missing_message()
+HELDOUT_GPUS = sorted(path.parents[1].name for path in RESULTS_DIR.glob(f"*/experiments/{heldout.NAME}.json"))
+
+
+def test_the_book_gpu_has_a_held_out_record():
+    assert results.DEFAULT_GPU in HELDOUT_GPUS
+
+
+@pytest.mark.parametrize("gpu_slug", HELDOUT_GPUS)
+def test_the_held_out_record_covers_both_sets_through_the_committed_table(gpu_slug):
+    record = heldout.load(gpu_slug)
     # made with the table the repository holds now: a new grid record means a new held-out record
     assert record["table_source"] == tuning.from_record(grid.load()).source
     frame = heldout.frame(record)
