@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import build, dispatch, experiments, results
+from . import build, dispatch, experiments, results, shapes
 from .phases import get
 
 NAME = "cluster_occupancy"
@@ -114,13 +114,17 @@ def run(progress=print) -> list[dict]:
     from .binding import load
 
     cc = env.gpu().cc
-    q, k, v = (torch.randn(1, 8, 512, HEAD_DIM, device="cuda", dtype=torch.float16) for _ in range(3))
+    mission = shapes.MISSION
+    q = torch.empty(mission.shape, device="cuda", dtype=torch.float16)   # and torch's CUDA context is current
+    sizes = [mission.batch, mission.heads, mission.seqlen_q, mission.sk, HEAD_DIM]
     rows = []
     for label, (phase_name, _, _, flag) in BUILDS.items():
         phase, params = get(phase_name), build_params(label, cc)
-        fn = load(phase_name, **params)   # the extension: its own launch's shared memory, and a current context
-        shared_bytes = fn.build.module.smem_bytes(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, [0] * 12,
-                                                  [1, 8, 512, 512, HEAD_DIM], 1.0, False, 0)
+        fn = load(phase_name, **params)
+        # the launch's dynamic shared memory as the extension computes it for fp16 (dtype code 0; the strides play
+        # no part in it)
+        shared_bytes = fn.build.module.smem_bytes(q.data_ptr(), q.data_ptr(), q.data_ptr(), 0, [0] * 12, sizes, 1.0,
+                                                  False, 0)
         threads = phase.threads(params, HEAD_DIM, False)
         image = build.cubin(phase.kernel_file, cc, params, phase.arch_specific)
         entry = entry_point(fn.build.ptxas.entry_registers, flag)
