@@ -40,6 +40,15 @@ LATENCY_TARGET_MS = 20.0                 # back-to-back calls per round: about t
 CLOCK_PROBE_MS = 300.0                   # GPU work queued while nvidia-smi reads the SM clock
 
 
+def short_name(method: str) -> str:
+    """A timed method's name for a crowded table or figure: 'p07_registers' -> 'p07', 'p09_warpspec:192-row' ->
+    'p09:192-row', 'sdpa_cudnn' -> 'cudnn'."""
+    if method.startswith("sdpa_"):
+        return method.removeprefix("sdpa_")
+    phase, _, configuration = method.partition(":")
+    return phase.split("_")[0] + (f":{configuration}" if configuration else "")
+
+
 def event_time_us(call, iterations: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -16,6 +16,7 @@ rounds: 1.0 where it chose the fastest. The race also gives the regret of the ru
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -68,20 +69,23 @@ def frame(record: dict) -> pd.DataFrame:
     """grid.frame's columns for each held-out case, with its set, its wave regime on the recorded GPU, the grid case
     whose ranking `attention` used and its regret (the chosen candidate's GPU time over the fastest candidate's,
     paired in the race), and the same for the rule without wave regimes: its grid case, choice and regret."""
+    from .dispatch import choose
+
     frame_ = grid.frame(record)
     by_case = {row["case"]: row for row in record["rows"]}
-    table, sms = tuning.from_record(grid.load()), record["gpu_info"]["sms"]
+    gpu = grid.recorded_gpu(record)
+    # the table `attention` read on that GPU, and the same without the SMs its wave regimes are counted on
+    sizes_only_table = replace(tuning.load(gpu.name, gpu.cc), sms=None)
     extra = []
     for case, choice, fastest in zip(frame_["case"], frame_["choice"], frame_["fastest_candidate"]):
         row = by_case[case]
         problem = tuning.Problem(row["dtype"], row["head_dim"], row["causal"], row["batch"] * row["heads"],
                                  row["seqlen_q"], row["seqlen_k"])
-        sizes_only = tuning.nearest(table, problem)
-        before = next(name for name in sizes_only.ranking if name in row["race"])
-        extra.append({"set": row["set"], "wave regime": problem.wave_regime(sms),
+        before = choose(gpu, problem, sizes_only_table).candidate
+        extra.append({"set": row["set"], "wave regime": problem.wave_regime(gpu.sms),
                       "nearest_grid_case": row["nearest_grid_case"],
                       "regret": paired_ratio(row["race"][choice], row["race"][fastest]),
-                      "sizes-only case": sizes_only.case, "sizes-only choice": before,
+                      "sizes-only case": tuning.nearest(sizes_only_table, problem).case, "sizes-only choice": before,
                       "sizes-only regret": paired_ratio(row["race"][before], row["race"][fastest]),
                       "sizes-only speed vs SDPA default": 1 / paired_ratio(row["race"][before],
                                                                            row["race"]["sdpa_default"])})

@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 import pandas as pd
 
 from . import budget, results, shapes
-from .bench import BASELINES, baseline_us
+from .bench import BASELINES, baseline_us, short_name
 from .roofline import attainable_tflops, intensity, ridge
 
 BASELINE_COLORS = {"sdpa_default": "#444444", "sdpa_flash": "#1f77b4", "sdpa_efficient": "#9467bd",
@@ -683,14 +683,6 @@ def method_colors(names) -> dict[str, str]:
             **{name: BASELINE_COLORS[name] for name in names if name in BASELINE_COLORS}}
 
 
-def _short(method: str) -> str:
-    """'p07_registers' -> 'p07', 'p09_warpspec:192-row' -> 'p09:192-row', 'sdpa_cudnn' -> 'cudnn'."""
-    if method.startswith("sdpa_"):
-        return method.removeprefix("sdpa_")
-    phase, _, configuration = method.partition(":")
-    return phase.split("_")[0] + (f":{configuration}" if configuration else "")
-
-
 def winner_map(frame: pd.DataFrame, title: str):
     """One panel per head dim and mask, one cell per batch x heads (rows) and sequence length (columns),
     coloured by the fastest method of the race (every candidate phase, SDPA backend and the Triton peer in the
@@ -707,7 +699,7 @@ def winner_map(frame: pd.DataFrame, title: str):
             x, y = seqlens.index(row["seqlen_q"]), sizes.index((row["batch"], row["heads"]))
             ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colors[row["fastest"]], alpha=0.8,
                                        edgecolor="white", linewidth=2))
-            ax.text(x, y, f"{_short(row['fastest'])}\nattention: {_short(row['choice'])}\n"
+            ax.text(x, y, f"{short_name(row['fastest'])}\nattention: {short_name(row['choice'])}\n"
                           f"{row['speed_vs_sdpa_default']:.2f}x default", ha="center", va="center", fontsize=7)
         ax.set_facecolor("#f2f2f2")
         ax.set_xlim(-0.5, len(seqlens) - 0.5)
@@ -786,7 +778,7 @@ def seqlen_curves(frame: pd.DataFrame, title: str, one_wave: float | None = None
         strip = ax.get_xaxis_transform()   # x in data, y in axes coordinates: the strip's own band at the bottom
         for s, method in _fastest(part, False).items():
             ax.scatter([s], [0.035], marker="s", s=60, color=colors.get(method, "#7f7f7f"), transform=strip, zorder=4)
-            ax.text(s, 0.07, _short(method), transform=strip, ha="center", fontsize=7)
+            ax.text(s, 0.07, short_name(method), transform=strip, ha="center", fontsize=7)
         if one_wave is not None:   # labelled low, just over the strip, clear of the curves that have climbed by then
             ax.axvline(one_wave, color="#444444", linestyle=":", linewidth=1)
             ax.text(one_wave, STRIP_BAND + 0.03, " one wave of\n 128-row tiles", transform=strip, fontsize=7,

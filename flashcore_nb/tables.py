@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from . import accuracy, budget, build, profile, results, roofline, shapes
-from .bench import BASELINES, TRITON, baseline_us, time_ratio
+from .bench import BASELINES, TRITON, baseline_us, short_name, time_ratio
 from .phases import get
 from .shapes import Case
 
@@ -434,16 +434,12 @@ def heldout_cases(frame: pd.DataFrame, set_name: str) -> pd.DataFrame:
     `attention`'s speed over SDPA default and the Triton peer, and the same choice made without wave regimes;
     candidates by their phase's number ('p09:64-row')."""
     part = frame[frame["set"] == set_name]
-
-    def short(names: pd.Series) -> pd.Series:
-        return names.str.replace(r"^(p\d\d)_[a-z]+", r"\1", regex=True)
-
     return pd.DataFrame({
         "shape": part["shape"], "regime": part["wave regime"], "nearest grid case": part["nearest_grid_case"],
-        "attention runs": short(part["choice"]), "fastest candidate": short(part["fastest_candidate"]),
-        "regret": part["regret"], "speed vs SDPA default": part["speed_vs_sdpa_default"],
+        "attention runs": part["choice"].map(short_name),
+        "fastest candidate": part["fastest_candidate"].map(short_name), "regret": part["regret"], "speed vs SDPA default": part["speed_vs_sdpa_default"],
         "speed vs Triton": part["speed_vs_triton"], "sizes only: grid case": part["sizes-only case"],
-        "sizes only: runs": short(part["sizes-only choice"]), "sizes only: regret": part["sizes-only regret"],
+        "sizes only: runs": part["sizes-only choice"].map(short_name), "sizes only: regret": part["sizes-only regret"],
     }).reset_index(drop=True)
 
 
