@@ -42,6 +42,10 @@ class Case:
 # The original project's reference problem, and the same with the causal mask.
 MISSION = Case("mission", 1, 8, 512, 64)
 MISSION_CAUSAL = Case("mission_causal", 1, 8, 512, 64, causal=True)
+# The mission shape at the grid's other head dim (the grid's only D = 128 problems of 512-key rows that fit in half
+# a wave of 64-row work items: the held-out shapes showed the rule needs one there).
+MISSION_D128 = Case("mission_d128", 1, 8, 512, 128)
+MISSION_D128_CAUSAL = Case("mission_d128_causal", 1, 8, 512, 128, causal=True)
 
 # Correctness: the mission shape, the original project's small shapes, edge lengths, D=128,
 # causal, Sq != Sk and large magnitudes.
@@ -88,14 +92,14 @@ SMALL = [
 ]
 
 # Where flashcore_nb.attention chooses among phases (issue 17's grid): every batch, length, head dim and
-# mask below with at most GRID_MAX_TOKENS tokens per call (B·S), 16 heads, plus the mission shapes. The
-# `grid` command times every candidate phase and SDPA backend on it; the tuning table is its ranking.
+# mask below with at most GRID_MAX_TOKENS tokens per call (B·S), 16 heads, plus the mission shapes at both head
+# dims. The `grid` command times every candidate phase and SDPA backend on it; the tuning table is its ranking.
 GRID_BATCHES = (1, 4, 16)
 GRID_HEADS = 16
 GRID_SEQLENS = (128, 512, 2048, 8192)
 GRID_HEAD_DIMS = (64, 128)
 GRID_MAX_TOKENS = 32768   # bounds the largest problem: 4 x 16 x 8192 x 128, about 2 TFLOP per call
-GRID = [MISSION, MISSION_CAUSAL] + [
+GRID = [MISSION, MISSION_CAUSAL, MISSION_D128, MISSION_D128_CAUSAL] + [
     Case(f"b{b}h{GRID_HEADS}_s{s}" + ("_d128" if d == 128 else "") + ("_causal" if causal else ""), b, GRID_HEADS, s, d,
          causal=causal)
     for d in GRID_HEAD_DIMS for causal in (False, True) for b in GRID_BATCHES for s in GRID_SEQLENS
@@ -132,6 +136,9 @@ LONG_CAUSAL = [Case("b1h32_s8192_d128_causal", 1, 32, 8192, 128, causal=True)]
 # - HELDOUT_CHECK, chosen after that change and before it was timed, to check it on shapes it was not made from:
 #   four in each wave regime on the H100 (0: at most 66 work items of 64 rows; 1: 67-132; 2: more), some of them
 #   next to the regimes' edges, and two with Sq ≠ Sk.
+# - HELDOUT_D128, chosen after the mission shapes at D = 128 joined the grid (for two misses of the sets above)
+#   and before it was timed: D = 128 in wave regime 0 on the H100 with rows of 256 to 2048 keys, both masks, one
+#   with Sq ≠ Sk, where the grid had only 128-key rows before.
 
 
 def _held(prefix: str, b: int, h: int, s: int, sk: int | None, d: int, causal: bool) -> Case:
@@ -164,8 +171,17 @@ HELDOUT_CHECK = [
     ]
 ]
 
+HELDOUT_D128 = [
+    _held("third", *shape)
+    for shape in [
+        (1, 4, 1024, None, 128, False), (1, 6, 640, None, 128, True), (1, 2, 2048, None, 128, True),
+        (1, 12, 256, None, 128, False), (1, 8, 384, None, 128, True), (2, 4, 384, 1024, 128, False),
+    ]
+]
+
 SUITES = {"correctness": CORRECTNESS, "timing": TIMING, "small": SMALL, "grid": GRID, "mission": [MISSION],
-          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL, "heldout": HELDOUT, "heldout_check": HELDOUT_CHECK}
+          "seqlen": SEQLEN_SWEEP, "long_causal": LONG_CAUSAL, "heldout": HELDOUT, "heldout_check": HELDOUT_CHECK,
+          "heldout_d128": HELDOUT_D128}
 
 
 def select(names: str | None, suite: str = "correctness") -> list[Case]:

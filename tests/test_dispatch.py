@@ -37,8 +37,9 @@ def test_grid_is_the_issue_grid():
         (b, s) for b in (1, 4, 16) for s in (128, 512, 2048, 8192) if b * s <= 32768}
     assert all(c.batch * c.seqlen_q <= shapes.GRID_MAX_TOKENS for c in grid_cases)
     assert {(c.head_dim, c.causal) for c in grid_cases} == {(64, False), (64, True), (128, False), (128, True)}
-    assert len(grid_cases) == 11 * 4 and len(GRID) == 46
-    assert [c for c in GRID if c.heads != shapes.GRID_HEADS] == [MISSION, shapes.MISSION_CAUSAL]
+    assert len(grid_cases) == 11 * 4 and len(GRID) == 48
+    assert [c for c in GRID if c.heads != shapes.GRID_HEADS] == [
+        MISSION, shapes.MISSION_CAUSAL, shapes.MISSION_D128, shapes.MISSION_D128_CAUSAL]
     assert len({c.name for c in GRID}) == len(GRID)
     assert shapes.select("b4h16_s8192_d128_causal") == [Case("b4h16_s8192_d128_causal", 4, 16, 8192, 128, True)]
 
