@@ -415,9 +415,10 @@ def grid_cases(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def grid_mission(frame: pd.DataFrame) -> pd.DataFrame:
-    """grid_cases at the mission shapes: GPU time and call latency of `attention` beside SDPA's."""
+    """grid_cases at the mission shapes (both head dims): GPU time and call latency of `attention` beside SDPA's."""
     view = _grid_view(frame)
-    mission = view[view["case"].isin([shapes.MISSION.name, shapes.MISSION_CAUSAL.name])]
+    names = [shapes.MISSION.name, shapes.MISSION_CAUSAL.name, shapes.MISSION_D128.name, shapes.MISSION_D128_CAUSAL.name]
+    mission = view[view["case"].isin(names)]
     return mission.drop(columns=["shape", "fastest", "correct"]).reset_index(drop=True)
 
 
@@ -431,15 +432,19 @@ def heldout_summary(frame: pd.DataFrame) -> pd.DataFrame:
 def heldout_cases(frame: pd.DataFrame, set_name: str) -> pd.DataFrame:
     """The held-out shapes of one set: each one's wave regime, the grid case whose ranking `attention` took and what
     it ran, the fastest candidate of the race, the regret (GPU time over the fastest candidate's, paired),
-    `attention`'s speed over SDPA default and the Triton peer, and the same choice made without wave regimes;
-    candidates by their phase's number ('p09:64-row')."""
+    `attention`'s speed over SDPA default and the Triton peer, and the choices made without wave regimes and without
+    the grid cases added for the held-out misses (heldout.ADDED_GRID_CASES); candidates by their phase's number
+    ('p09:64-row')."""
     part = frame[frame["set"] == set_name]
     return pd.DataFrame({
         "shape": part["shape"], "regime": part["wave regime"], "nearest grid case": part["nearest_grid_case"],
         "attention runs": part["choice"].map(short_name),
-        "fastest candidate": part["fastest_candidate"].map(short_name), "regret": part["regret"], "speed vs SDPA default": part["speed_vs_sdpa_default"],
-        "speed vs Triton": part["speed_vs_triton"], "sizes only: grid case": part["sizes-only case"],
-        "sizes only: runs": part["sizes-only choice"].map(short_name), "sizes only: regret": part["sizes-only regret"],
+        "fastest candidate": part["fastest_candidate"].map(short_name), "regret": part["regret"],
+        "speed vs SDPA default": part["speed_vs_sdpa_default"], "speed vs Triton": part["speed_vs_triton"],
+        "sizes only: grid case": part["sizes-only case"], "sizes only: runs": part["sizes-only choice"].map(short_name),
+        "sizes only: regret": part["sizes-only regret"],
+        "without added cases: runs": part["without added cases: choice"].map(short_name),
+        "without added cases: regret": part["without added cases: regret"],
     }).reset_index(drop=True)
 
 

@@ -353,7 +353,7 @@ def test_tables_and_figures_of_a_record():
     cases = tables.grid_cases(frame)
     assert list(cases["case"]) == [c.name for c in GRID] and cases["correct"].all()
     mission = tables.grid_mission(frame)
-    assert list(mission["case"]) == ["mission", "mission_causal"]
+    assert list(mission["case"]) == ["mission", "mission_causal", "mission_d128", "mission_d128_causal"]
     assert mission.loc[0, "attention GPU µs"] == 6.0 and mission.loc[0, "SDPA default call µs"] == 20.0
     figure = plots.winner_map(frame, "synthetic")
     assert len(figure.axes) == 4

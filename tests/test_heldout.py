@@ -1,7 +1,7 @@
 """The held-out shapes: off the grid by construction, and their record (attention through the committed table)."""
 import pytest
 
-from flashcore_nb import grid, heldout, results, shapes, tuning
+from flashcore_nb import grid, heldout, results, shapes, tables, tuning
 from flashcore_nb.env import GpuInfo
 from flashcore_nb.paths import RESULTS_DIR
 
@@ -71,3 +71,15 @@ def test_a_candidates_record_names_every_raced_build_and_the_gpu():
     assert {label: b["phase"] for label, b in record["builds"].items()} == {
         "p09_warpspec": "p09_warpspec", "p09_warpspec:64-row": "p09_warpspec"}
     assert record["builds"]["p09_warpspec:64-row"]["tile_params"]["CONSUMERS"] == 1
+
+
+def test_the_held_out_tables_have_a_row_per_shape_and_a_column_per_set():
+    frame = heldout.frame(heldout.load())
+    summary = tables.heldout_summary(frame)
+    assert list(summary.columns) == list(heldout.SETS)
+    assert summary.loc["shapes"].tolist() == [len(cases) for cases in heldout.SETS.values()]
+    for set_name, cases in heldout.SETS.items():
+        part = tables.heldout_cases(frame, set_name)
+        assert list(part["shape"]) == [case.label() for case in cases]
+        fastest = part["without added cases: runs"] == part["fastest candidate"]
+        assert (part.loc[fastest, "without added cases: regret"] == 1.0).all()
